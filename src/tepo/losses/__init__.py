@@ -1,0 +1,49 @@
+"""Policy losses and regularizers as pure tensor functions, a registry by name, and aggregation modes.
+
+What each name computes is specified in ALGORITHMS.md (shared) and in each loss's docstring::
+
+    loss, metrics = compute_policy_loss("tepo", logp=logp, old_logp=old, advantages=adv, mask=mask,
+                                        num_tokens=global_token_count)
+
+Extend the registry with ``@register_policy_loss("my_loss")`` on ``fn(inputs: LossInputs, *, option=default)``
+returning ``(per-token loss [N, T], metrics)``.
+"""
+
+# isort: off
+# Importing these modules registers the built-in losses, in the order of ALGORITHMS.md's families.
+from tepo.losses import token_ratio, sequence_ratio, covariance  # noqa: F401
+
+# isort: on
+from tepo.losses.aggregation import AGG_MODES, aggregate
+from tepo.losses.compute import compute_policy_loss, valid_options
+from tepo.losses.covariance import CovStats, covariance_stats
+from tepo.losses.inputs import LossInputs
+from tepo.losses.registry import (
+    POLICY_LOSSES,
+    PolicyLossSpec,
+    describe,
+    describe_table,
+    get_policy_loss,
+    list_policy_losses,
+    register_policy_loss,
+)
+from tepo.losses.regularizers import KL_ESTIMATORS, kl_estimate
+
+__all__ = [
+    "AGG_MODES",
+    "KL_ESTIMATORS",
+    "POLICY_LOSSES",
+    "CovStats",
+    "LossInputs",
+    "PolicyLossSpec",
+    "aggregate",
+    "compute_policy_loss",
+    "covariance_stats",
+    "describe",
+    "describe_table",
+    "get_policy_loss",
+    "kl_estimate",
+    "list_policy_losses",
+    "register_policy_loss",
+    "valid_options",
+]

@@ -1,0 +1,91 @@
+"""Small tensor helpers shared by the built-in losses (masked statistics, the PPO clip, clip metrics)."""
+
+from __future__ import annotations
+
+import torch
+
+from tepo.losses.inputs import LossInputs
+
+
+def masked_mean_value(values: torch.Tensor, valid: torch.Tensor, empty: float = 0.0) -> float:
+    """Mean of ``values`` over ``valid`` as a python float (``empty`` when nothing is valid); for metrics."""
+    count = int(valid.sum().item())
+    if count == 0:
+        return empty
+    return float(torch.where(valid, values.detach(), 0.0).sum().item() / count)
+
+
+def masked_max_value(values: torch.Tensor, valid: torch.Tensor, empty: float = 0.0) -> float:
+    if not bool(valid.any()):
+        return empty
+    return float(values.detach()[valid].max().item())
+
+
+def check_eps(**eps: float) -> None:
+    for name, value in eps.items():
+        if not value >= 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, eps_low: float, eps_high: float
+) -> torch.Tensor:
+    """PPO term ``-min(ratio*A, clip(ratio, 1-eps_low, 1+eps_high)*A)`` = ``max(-ratio*A, -clip(ratio)*A)``.
+
+    Inside the clip range both branches are the same function of ``ratio`` (``torch.maximum`` splits the
+    gradient between equal branches, which sums to the full gradient); outside it the clipped, constant branch
+    wins exactly when the update would move further in the advantage's direction.
+    """
+    clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)
+    return torch.maximum(-adv * ratio, -adv * clipped)
+
+
+def clip_masks(
+    ratio: torch.Tensor, adv: torch.Tensor, valid: torch.Tensor, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the clipped branch is active (zero gradient): ``A>0, ratio>1+eps_high`` and ``A<0, ratio<1-eps_low``."""
+    high = valid & (adv > 0) & (ratio > 1.0 + eps_high)
+    low = valid & (adv < 0) & (ratio < 1.0 - eps_low)
+    return low, high
+
+
+def clip_metrics(
+    low: torch.Tensor, high: torch.Tensor, valid: torch.Tensor, prefix: str = ""
+) -> dict[str, float]:
+    return {
+        f"{prefix}clip_frac_low": masked_mean_value(low.float(), valid),
+        f"{prefix}clip_frac_high": masked_mean_value(high.float(), valid),
+    }
+
+
+def token_log_ratio(inputs: LossInputs) -> torch.Tensor:
+    """``logp - old_logp`` per token (0 on masked tokens, which the inputs already hold as 0)."""
+    return inputs.logp - inputs.old_logp
+
+
+def row_lengths(inputs: LossInputs) -> torch.Tensor:
+    """``|o_i|`` = number of valid tokens per row, as the compute dtype (0 for empty rows)."""
+    return inputs.mask.sum(dim=-1).to(inputs.logp.dtype)
+
+
+def sequence_log_ratio(inputs: LossInputs) -> torch.Tensor:
+    """``log s_i = sum_t m*(logp - old) / sum_t m`` per row [N]; 0 for an empty row (so ``s_i = 1``)."""
+    return token_log_ratio(inputs).sum(dim=-1) / row_lengths(inputs).clamp(min=1)
+
+
+def sequence_advantage(inputs: LossInputs) -> torch.Tensor:
+    """``A_i`` = mean of the advantage over the row's valid tokens [N] (equals ``A_i`` when it was broadcast)."""
+    return inputs.advantages.sum(dim=-1) / row_lengths(inputs).clamp(min=1)
+
+
+def sequence_ratio_metrics(
+    seq_ratio: torch.Tensor, seq_adv: torch.Tensor, inputs: LossInputs, eps_low: float, eps_high: float
+) -> dict[str, float]:
+    """Sequence-level clip shares and ratio statistics over the non-empty rows."""
+    rows = inputs.mask.any(dim=-1)
+    low, high = clip_masks(seq_ratio, seq_adv, rows, eps_low, eps_high)
+    return {
+        **clip_metrics(low, high, rows, prefix="seq_"),
+        "seq_ratio_mean": masked_mean_value(seq_ratio, rows, empty=1.0),
+        "seq_ratio_max": masked_max_value(seq_ratio, rows, empty=1.0),
+    }

@@ -1,0 +1,179 @@
+"""`compute_policy_loss`: option checking, the registered loss, aggregation, regularizers and metrics."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+
+from tepo.losses._common import masked_max_value, masked_mean_value
+from tepo.losses.aggregation import aggregate, check_agg_mode
+from tepo.losses.inputs import prepare_inputs
+from tepo.losses.registry import PolicyLossSpec, get_policy_loss
+from tepo.losses.regularizers import (
+    KL_ESTIMATORS,
+    entropy_term,
+    kl_ref_term,
+    tepo_kl_mask_term,
+)
+
+# Options every loss accepts, with their defaults (None: the loss's own default / the call's own count).
+COMMON_OPTIONS: dict[str, Any] = {
+    "agg": None,
+    "num_seqs": None,
+    "max_len": None,
+    "entropy_coef": 0.0,
+    "kl_coef": 0.0,
+    "kl_estimator": "k3",
+    "tepo_kl_mask_coef": 0.0,
+}
+
+
+def valid_options(spec: PolicyLossSpec) -> list[str]:
+    """Every option name ``compute_policy_loss`` accepts for this loss."""
+    names = list(spec.defaults) + (["eps"] if spec.has_clip_pair else []) + list(COMMON_OPTIONS)
+    return names
+
+
+def _split_options(spec: PolicyLossSpec, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    unknown = sorted(set(options) - set(valid_options(spec)))
+    if unknown:
+        raise ValueError(
+            f"unknown option(s) {', '.join(unknown)} for policy loss {spec.name!r}; "
+            f"valid options: {', '.join(valid_options(spec))}"
+        )
+    own = {k: v for k, v in options.items() if k in spec.defaults}
+    if "eps" in options:
+        given = [k for k in ("eps_low", "eps_high") if k in options]
+        if given:
+            raise ValueError(f"policy loss {spec.name!r}: pass either eps or {' and '.join(given)}, not both")
+        own["eps_low"] = own["eps_high"] = options["eps"]
+    for key, value in own.items():
+        default = spec.defaults[key]
+        # A float-valued option must get a finite real number (catches "0.2" strings and NaN early).
+        if isinstance(default, float) and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+        ):
+            raise ValueError(
+                f"option {key} of policy loss {spec.name!r} must be a finite number, got {value!r}"
+            )
+    common = {**COMMON_OPTIONS, **{k: v for k, v in options.items() if k in COMMON_OPTIONS}}
+    for key in ("entropy_coef", "kl_coef", "tepo_kl_mask_coef"):
+        value = common[key]
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"{key} must be a finite number, got {value!r}")
+    for key in ("kl_coef", "tepo_kl_mask_coef"):
+        if common[key] < 0:
+            raise ValueError(f"{key} must be >= 0, got {common[key]}")
+    if common["kl_estimator"] not in KL_ESTIMATORS:
+        raise ValueError(
+            f"unknown kl_estimator {common['kl_estimator']!r}; expected one of: {', '.join(KL_ESTIMATORS)}"
+        )
+    if common["agg"] is not None:
+        check_agg_mode(common["agg"])
+    return own, common
+
+
+def _require(name: str, present: bool, why: str) -> None:
+    if not present:
+        raise ValueError(f"{why} needs {name}, which was not given (pass {name}=<[N, T] tensor>)")
+
+
+def compute_policy_loss(
+    name: str,
+    *,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    ref_logp: torch.Tensor | None = None,
+    entropy: torch.Tensor | None = None,
+    old_entropy: torch.Tensor | None = None,
+    num_tokens: float | int | torch.Tensor | None = None,
+    **options: Any,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Policy loss ``name`` plus the active regularizers, aggregated into a 0-dim tensor; and its metrics.
+
+    ``logp``, ``old_logp``, ``mask`` (and ``ref_logp``, ``entropy``, ``old_entropy`` when given) are [N, T];
+    ``advantages`` is [N] (broadcast over tokens) or [N, T]. ``num_tokens`` is the global masked-token count of
+    the mini-batch (default: this call's count); options ``num_seqs`` and ``max_len`` are the global sequence
+    count and the L_max constant (defaults N and T). With global counts, the sum of micro-batch losses equals
+    the mini-batch loss. Masked positions may hold anything, NaN and inf included.
+
+    Options: the loss's own (see `POLICY_LOSSES[name].defaults`; ``eps`` sets eps_low = eps_high), ``agg``,
+    ``entropy_coef`` (adds -coef*agg(H), needs ``entropy``), ``kl_coef`` with ``kl_estimator`` in k1/k2/k3
+    (adds coef*agg(KL(pi_theta||pi_ref)), needs ``ref_logp``), ``tepo_kl_mask_coef`` (TEPO v2, adds
+    coef*sum_M k3(pi_theta||pi_old)/T_tot, needs ``entropy`` and ``old_entropy``).
+
+    Metrics (python floats, over this call's valid tokens): ``policy_loss``, ``loss``, ``clip_frac_low``,
+    ``clip_frac_high`` (plus ``seq_clip_frac_*`` for sequence ratios), ``approx_kl`` (k3 estimate of
+    KL(pi_old || pi_theta): r - 1 - log r), ``ratio_mean``, ``ratio_max``, ``entropy`` (when given), and each
+    active regularizer's value (``entropy_bonus``, ``kl_ref``, ``tepo_kl_mask``, ``tepo_kl_mask_frac``).
+    """
+    spec = get_policy_loss(name)
+    own, common = _split_options(spec, options)
+    inputs = prepare_inputs(
+        logp=logp,
+        old_logp=old_logp,
+        advantages=advantages,
+        mask=mask,
+        ref_logp=ref_logp,
+        entropy=entropy,
+        old_entropy=old_entropy,
+        num_tokens=num_tokens,
+        num_seqs=common["num_seqs"],
+        max_len=common["max_len"],
+    )
+    for tensor_name in spec.requires:
+        _require(tensor_name, getattr(inputs, tensor_name) is not None, f"policy loss {name!r}")
+    if common["entropy_coef"] != 0:
+        _require("entropy", inputs.entropy is not None, "entropy_coef != 0")
+    if common["kl_coef"] != 0:
+        _require("ref_logp", inputs.ref_logp is not None, "kl_coef != 0")
+    if common["tepo_kl_mask_coef"] != 0:
+        _require("entropy", inputs.entropy is not None, "tepo_kl_mask_coef != 0")
+        _require("old_entropy", inputs.old_entropy is not None, "tepo_kl_mask_coef != 0")
+
+    agg = common["agg"] or spec.default_agg
+    loss_mat, loss_metrics = spec.fn(inputs, **own)
+    if not isinstance(loss_mat, torch.Tensor) or loss_mat.shape != inputs.logp.shape:
+        got = tuple(loss_mat.shape) if isinstance(loss_mat, torch.Tensor) else type(loss_mat).__name__
+        raise ValueError(
+            f"policy loss {name!r} must return a per-token loss of shape {tuple(inputs.logp.shape)}, got {got}"
+        )
+    counts = {"num_tokens": inputs.num_tokens, "num_seqs": inputs.num_seqs, "max_len": inputs.max_len}
+    policy_loss = aggregate(loss_mat, inputs.mask, agg, **counts)
+    total = policy_loss
+
+    valid = inputs.mask
+    log_ratio = (inputs.logp - inputs.old_logp).detach()
+    ratio = torch.exp(log_ratio)
+    metrics: dict[str, float] = {
+        "clip_frac_low": 0.0,
+        "clip_frac_high": 0.0,
+        **{k: float(v) for k, v in loss_metrics.items()},
+        "approx_kl": masked_mean_value(ratio - 1.0 - log_ratio, valid),
+        "ratio_mean": masked_mean_value(ratio, valid, empty=1.0),
+        "ratio_max": masked_max_value(ratio, valid, empty=1.0),
+    }
+    if inputs.entropy is not None:
+        metrics["entropy"] = masked_mean_value(inputs.entropy, valid)
+    if common["entropy_coef"] != 0:
+        bonus = -common["entropy_coef"] * entropy_term(inputs, agg)
+        total = total + bonus
+        metrics["entropy_bonus"] = float(bonus.detach().item())
+    if inputs.ref_logp is not None:
+        kl_ref = kl_ref_term(inputs, agg, common["kl_estimator"])
+        metrics["kl_ref"] = float(kl_ref.detach().item())
+        if common["kl_coef"] != 0:
+            total = total + common["kl_coef"] * kl_ref
+    if common["tepo_kl_mask_coef"] != 0:
+        term, in_set = tepo_kl_mask_term(inputs)
+        total = total + common["tepo_kl_mask_coef"] * term
+        metrics["tepo_kl_mask"] = float(term.detach().item())
+        metrics["tepo_kl_mask_frac"] = masked_mean_value(in_set.float(), valid)
+    metrics["policy_loss"] = float(policy_loss.detach().item())
+    metrics["loss"] = float(total.detach().item())
+    return total, metrics

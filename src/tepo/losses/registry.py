@@ -1,0 +1,163 @@
+"""The policy-loss registry: name -> function, its default aggregation and its default options.
+
+A registered loss is a pure function ``fn(inputs: LossInputs, *, opt1=default1, ...) -> (loss_mat, metrics)``:
+``loss_mat`` is the per-token loss ``l[i,t]`` of ALGORITHMS.md ([N, T]; masked entries are ignored) and
+``metrics`` a dict of python floats. Its keyword-only parameters *are* its options: their defaults are the
+documented defaults and any other name is rejected. `tepo.losses.compute_policy_loss` aggregates ``loss_mat``
+and adds the regularizers, so a loss never deals with either.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import torch
+
+from tepo.losses.aggregation import check_agg_mode
+from tepo.losses.inputs import LossInputs
+
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+_TENSOR_FIELDS = ("ref_logp", "entropy", "old_entropy")
+
+
+@dataclass(frozen=True)
+class PolicyLossSpec:
+    """One registry entry."""
+
+    name: str
+    fn: LossFn
+    default_agg: str
+    defaults: MappingProxyType  # option name -> default value, read from fn's keyword-only parameters
+    paper: str = ""
+    requires: tuple[str, ...] = field(default=())  # optional LossInputs tensors the loss cannot work without
+
+    @property
+    def summary(self) -> str:
+        doc = inspect.getdoc(self.fn) or ""
+        return doc.splitlines()[0] if doc else ""
+
+    @property
+    def has_clip_pair(self) -> bool:
+        """True when the loss takes both eps_low and eps_high, so the symmetric alias ``eps`` is accepted."""
+        return "eps_low" in self.defaults and "eps_high" in self.defaults
+
+
+POLICY_LOSSES: dict[str, PolicyLossSpec] = {}
+
+
+def _options_of(fn: LossFn, name: str) -> dict[str, Any]:
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        raise TypeError(f"policy loss {name!r}: the first parameter must take the LossInputs positionally")
+    options = {}
+    for param in params[1:]:
+        if param.kind is not param.KEYWORD_ONLY or param.default is param.empty:
+            raise TypeError(
+                f"policy loss {name!r}: option {param.name!r} must be keyword-only with a default "
+                "(write `def fn(inputs, *, {param.name}=...)`)"
+            )
+        options[param.name] = param.default
+    return options
+
+
+def register_policy_loss(
+    name: str,
+    *,
+    default_agg: str = "token-mean",
+    paper: str = "",
+    requires: tuple[str, ...] = (),
+) -> Callable[[LossFn], LossFn]:
+    """Decorator adding ``fn`` to `POLICY_LOSSES` under ``name``.
+
+    ``fn(inputs: LossInputs, *, option=default, ...) -> (loss_mat [N, T], metrics)``. ``requires`` names optional
+    tensors (``ref_logp``, ``entropy``, ``old_entropy``) the loss needs; a call without them raises ValueError.
+    Registering a name twice raises ValueError (remove the old entry from ``POLICY_LOSSES`` first to replace it).
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a policy loss name must be a non-empty string, got {name!r}")
+    check_agg_mode(default_agg)
+    unknown = [r for r in requires if r not in _TENSOR_FIELDS]
+    if unknown:
+        raise ValueError(f"requires={unknown!r}: expected names among {', '.join(_TENSOR_FIELDS)}")
+
+    def decorator(fn: LossFn) -> LossFn:
+        if name in POLICY_LOSSES:
+            raise ValueError(f"policy loss {name!r} is already registered")
+        POLICY_LOSSES[name] = PolicyLossSpec(
+            name=name,
+            fn=fn,
+            default_agg=default_agg,
+            defaults=MappingProxyType(_options_of(fn, name)),
+            paper=paper,
+            requires=tuple(requires),
+        )
+        return fn
+
+    return decorator
+
+
+def list_policy_losses() -> list[str]:
+    """Registered loss names, in registration order."""
+    return list(POLICY_LOSSES)
+
+
+def get_policy_loss(name: str) -> PolicyLossSpec:
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown policy loss {name!r}; registered losses: {', '.join(POLICY_LOSSES)}"
+        ) from None
+
+
+def describe() -> list[dict[str, Any]]:
+    """One row per registered loss: name, default aggregation, default options, paper, one-line summary."""
+    return [
+        {
+            "name": spec.name,
+            "default_agg": spec.default_agg,
+            "defaults": dict(spec.defaults),
+            "paper": spec.paper,
+            "summary": spec.summary,
+        }
+        for spec in POLICY_LOSSES.values()
+    ]
+
+
+def _fmt_default(value: Any) -> str:
+    return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def describe_table() -> str:
+    """`describe()` as a plain-text table (what ``tepo losses`` prints)."""
+    header = ("name", "default agg", "defaults", "paper")
+    rows = [
+        (
+            row["name"],
+            row["default_agg"],
+            ", ".join(f"{k}={_fmt_default(v)}" for k, v in row["defaults"].items()) or "-",
+            row["paper"] or "-",
+        )
+        for row in describe()
+    ]
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+__all__ = [
+    "POLICY_LOSSES",
+    "LossInputs",
+    "PolicyLossSpec",
+    "describe",
+    "describe_table",
+    "get_policy_loss",
+    "list_policy_losses",
+    "register_policy_loss",
+]

@@ -1,0 +1,71 @@
+"""Regularizers composable with any policy loss (ALGORITHMS.md, "Regularizers"); each is off by default."""
+
+from __future__ import annotations
+
+import torch
+
+from tepo.losses.aggregation import aggregate
+from tepo.losses.inputs import LossInputs
+
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from log-probs of the sampled tokens (Schulman, 2020).
+
+    With d = ref - logp: k1 = -d = logp - ref; k2 = d^2 / 2; k3 = exp(d) - d - 1 (>= 0; DeepSeekMath Eq. 4).
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl_estimator {estimator!r}; expected one of: {', '.join(KL_ESTIMATORS)}")
+    diff = ref_logp - logp
+    if estimator == "k1":
+        return -diff
+    if estimator == "k2":
+        return 0.5 * diff**2
+    return torch.exp(diff) - diff - 1.0
+
+
+def entropy_term(inputs: LossInputs, agg: str) -> torch.Tensor:
+    """agg(H): the mean entropy under the loss's aggregation (the loss adds ``-entropy_coef * agg(H)``).
+
+    TEPO v1 Table 2 "w. Max-Entropy": maximising entropy, hence the minus sign in the minimised loss.
+    """
+    return aggregate(
+        inputs.entropy,
+        inputs.mask,
+        agg,
+        num_tokens=inputs.num_tokens,
+        num_seqs=inputs.num_seqs,
+        max_len=inputs.max_len,
+    )
+
+
+def kl_ref_term(inputs: LossInputs, agg: str, estimator: str) -> torch.Tensor:
+    """agg(KL_est(pi_theta || pi_ref)) (the loss adds ``kl_coef`` times this; TEPO Table 2 "w. KL-Divergence")."""
+    return aggregate(
+        kl_estimate(inputs.logp, inputs.ref_logp, estimator),
+        inputs.mask,
+        agg,
+        num_tokens=inputs.num_tokens,
+        num_seqs=inputs.num_seqs,
+        max_len=inputs.max_len,
+    )
+
+
+def tepo_kl_mask_set(inputs: LossInputs) -> torch.Tensor:
+    """M = {(i,t) valid : A[i,t] > 0 and H[i,t] < H_old[i,t]} (positive advantage, falling entropy)."""
+    return inputs.mask & (inputs.advantages > 0) & (inputs.entropy.detach() < inputs.old_entropy)
+
+
+def tepo_kl_mask_term(inputs: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """TEPO v2 (arXiv 2604.12736) token-level KL mask: ``sum_{(i,t) in M} k3(pi_theta || pi_old)[i,t] / T_tot``.
+
+    k3 with d = old - logp: exp(d) - d - 1. Only the v2 abstract is public ("a token-level KL-Divergence mask
+    constraint that targets tokens with positive advantages and decreasing entropy"); the set M, the k3
+    estimator against pi_old and the division by the global token count T_tot (whatever the loss's own
+    aggregation) are OUR reading. Returns (term, M).
+    """
+    in_set = tepo_kl_mask_set(inputs)
+    k3 = kl_estimate(inputs.logp, inputs.old_logp, "k3")
+    total = torch.where(in_set, k3, torch.zeros((), dtype=k3.dtype, device=k3.device)).sum()
+    return total / inputs.num_tokens, in_set

@@ -1,0 +1,92 @@
+"""Losses built on the per-token ratio ``r[i,t] = exp(logp - old)``: grpo, dapo, dr_grpo, cispo, prefix_is."""
+
+from __future__ import annotations
+
+import torch
+
+from tepo.losses._common import (
+    check_eps,
+    clip_masks,
+    clip_metrics,
+    clipped_surrogate,
+    token_log_ratio,
+)
+from tepo.losses.inputs import LossInputs
+from tepo.losses.registry import register_policy_loss
+
+
+def _ppo_clip_loss(
+    inputs: LossInputs, eps_low: float, eps_high: float
+) -> tuple[torch.Tensor, dict[str, float]]:
+    check_eps(eps_low=eps_low, eps_high=eps_high)
+    ratio = torch.exp(token_log_ratio(inputs))
+    low, high = clip_masks(ratio, inputs.advantages, inputs.mask, eps_low, eps_high)
+    return clipped_surrogate(ratio, inputs.advantages, eps_low, eps_high), clip_metrics(
+        low, high, inputs.mask
+    )
+
+
+@register_policy_loss("grpo", default_agg="seq-mean-token-mean", paper="DeepSeekMath 2402.03300")
+def grpo(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.2):
+    """GRPO clipped surrogate, per token: l = -min(r*A, clip(r, 1-eps_low, 1+eps_high)*A).
+
+    r[i,t] = exp(logp - old). Default aggregation seq-mean-token-mean (mean over tokens, then over sequences),
+    as in DeepSeekMath (arXiv 2402.03300) Eq. 3. The KL-to-reference term of the paper is the separate
+    ``kl_coef`` regularizer (estimator k3 is the paper's choice).
+    """
+    return _ppo_clip_loss(inputs, eps_low, eps_high)
+
+
+@register_policy_loss("dapo", default_agg="token-mean", paper="DAPO 2503.14476")
+def dapo(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.28):
+    """DAPO (Clip-Higher, token-level mean): l = -min(r*A, clip(r, 1-eps_low, 1+eps_high)*A), eps 0.2/0.28.
+
+    DAPO (arXiv 2503.14476) Eq. 8: the same term as GRPO with a wider upper clip and token-mean aggregation
+    (1 / sum_i |o_i|). Dynamic sampling and the overlong penalty belong to the pipeline, not to this loss.
+    """
+    return _ppo_clip_loss(inputs, eps_low, eps_high)
+
+
+@register_policy_loss("dr_grpo", default_agg="seq-mean-token-sum-norm", paper="Dr. GRPO 2503.20783")
+def dr_grpo(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.2):
+    """Dr. GRPO: l = -min(r*A, clip(r, 1-eps, 1+eps)*A), aggregated sum / (N * L_max).
+
+    Dr. GRPO (arXiv 2503.20783) removes GRPO's 1/|o_i| length normalisation: the sum over all tokens is divided
+    by a constant (the number of sequences times a fixed maximum length ``max_len``). Its advantage drops the
+    std division (``tepo.advantages`` "dr_grpo").
+    """
+    return _ppo_clip_loss(inputs, eps_low, eps_high)
+
+
+@register_policy_loss("cispo", default_agg="token-mean", paper="MiniMax-M1 2506.13585")
+def cispo(inputs: LossInputs, *, eps_high: float = 0.28):
+    """CISPO: l = -sg[clip(r, 0, 1+eps_high)] * A * logp (clipped IS weight, never a dropped token).
+
+    MiniMax-M1 (arXiv 2506.13585) Eq. 4-5: the importance weight is truncated and detached, so every token
+    keeps the REINFORCE gradient -w*A*grad(logp). The loss *value* is -w*A*logp (not a surrogate of r).
+    clip_frac_high counts tokens whose weight was truncated (r > 1+eps_high), whatever the sign of A; there is
+    no lower clip, so clip_frac_low is 0.
+    """
+    check_eps(eps_high=eps_high)
+    ratio = torch.exp(token_log_ratio(inputs))
+    weight = ratio.clamp(0.0, 1.0 + eps_high).detach()
+    truncated = inputs.mask & (ratio > 1.0 + eps_high)
+    loss_mat = -weight * inputs.advantages * inputs.logp
+    return loss_mat, clip_metrics(torch.zeros_like(truncated), truncated, inputs.mask)
+
+
+@register_policy_loss("prefix_is", default_agg="token-mean", paper="TEPO 2510.09369 Sec. 4.3.2")
+def prefix_is(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.2):
+    """Prefix importance sampling: l = -min(s[i,t]*A, clip(s[i,t], 1-eps_low, 1+eps_high)*A).
+
+    TEPO (arXiv 2510.09369) Sec. 4.3.2: s[i,t] = (pi(y_<=t)/pi_old(y_<=t))^(1/|y_<=t|), i.e. the exponential of
+    the masked running mean of the log-ratio, exp(sum_{j<=t} m*(logp-old) / sum_{j<=t} m). Masked tokens do not
+    count in the prefix length (our reading for non-contiguous masks; identical for ordinary right padding).
+    """
+    check_eps(eps_low=eps_low, eps_high=eps_high)
+    counts = torch.cumsum(inputs.mask.to(inputs.logp.dtype), dim=-1).clamp(min=1)
+    prefix_ratio = torch.exp(torch.cumsum(token_log_ratio(inputs), dim=-1) / counts)
+    low, high = clip_masks(prefix_ratio, inputs.advantages, inputs.mask, eps_low, eps_high)
+    return clipped_surrogate(prefix_ratio, inputs.advantages, eps_low, eps_high), clip_metrics(
+        low, high, inputs.mask
+    )
