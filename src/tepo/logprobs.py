@@ -1,0 +1,159 @@
+"""Per-token log-probabilities and entropies of response tokens, chunked so the full logits never exist.
+
+For a batch of ``N`` sequences laid out as ``[left-padded prompt (P columns) | right-padded response (T columns)]``
+the policy's next-token distribution at response position ``t`` is
+
+    pi(. | x, y_<t) = softmax(z_t / tau),   z_t = lm_head(h_{P+t-1})
+
+where ``h`` is the transformer body's last hidden state and ``tau`` the sampling temperature (verl divides the
+logits by the rollout temperature before log-softmax in the same way, so that the trained log-probabilities are
+those of the distribution the responses were sampled from). Returned per token:
+
+    logp[n, t]    = log pi(y_t | x, y_<t) = z_t[y_t]/tau - logsumexp(z_t/tau)
+    entropy[n, t] = -sum_v pi(v) log pi(v)   (over the whole vocabulary)
+
+A ``[N, T, V]`` float32 logits tensor is large (16 x 512 x 49,152 x 4 B = 1.6 GB, and log-softmax, its gradient
+and the entropy terms each need as much again), so the body is run once and ``lm_head`` + log-softmax are then
+applied to chunks of at most ``chunk_size`` positions. Each chunk runs under ``torch.utils.checkpoint``: the
+forward keeps only the chunk's hidden states, and the backward recomputes that chunk's logits, so at most one
+chunk's ``[chunk_size, V]`` logits (plus their gradient) is alive at a time in forward and backward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+# Default positions per chunk: 2**25 logits (128 MiB in float32 per [chunk, V] tensor); 682 rows at V = 49,152.
+_DEFAULT_CHUNK_ELEMENTS = 2**25
+
+
+def default_chunk_size(vocab_size: int) -> int:
+    """Positions per chunk so one float32 ``[chunk, vocab]`` tensor holds about 2**25 elements (128 MiB)."""
+    return max(1, _DEFAULT_CHUNK_ELEMENTS // vocab_size)
+
+
+def response_logprobs(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    response_len: int,
+    *,
+    compute_entropy: bool = True,
+    chunk_size: int | None = None,
+    temperature: float = 1.0,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probabilities ``[N, T]`` of the response tokens and (optionally) the full-vocabulary entropy ``[N, T]``.
+
+    ``input_ids``/``attention_mask`` are ``[N, P+T]``: the last ``response_len`` (= T) columns are the response.
+    Position ids come from ``attention_mask`` (``cumsum - 1``), as in transformers' ``generate``, so left padding
+    gives the same positions as generation did. Positions whose response ``attention_mask`` is 0 (padding after
+    EOS) are not computed and hold 0 in both outputs. Outputs are float32 (also under autocast) and differentiable
+    w.r.t. the model's parameters when grad is enabled. ``chunk_size`` = positions per ``lm_head`` chunk (default
+    :func:`default_chunk_size`); ``temperature`` divides the logits (see module docstring).
+    """
+    _check_inputs(input_ids, attention_mask, response_len, chunk_size, temperature)
+    body, lm_head = _split_model(model)
+    prompt_len = input_ids.shape[1] - response_len
+
+    attention_mask = attention_mask.to(input_ids.device)
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    hidden = body(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+    # The hidden state at column j predicts the token at column j + 1.
+    response_hidden = hidden[:, prompt_len - 1 : -1]
+    targets = input_ids[:, prompt_len:]
+    valid = attention_mask[:, prompt_len:].bool()
+
+    rows_hidden = response_hidden[valid]  # [M, H], only real response tokens
+    rows_targets = targets[valid]
+    vocab = lm_head.weight.shape[0] if hasattr(lm_head, "weight") else None
+    size = chunk_size or default_chunk_size(vocab or 32_000)
+    logp_rows, entropy_rows = [], []
+    # Recompute-in-backward is only needed when a graph is being built through the chunk.
+    use_checkpoint = torch.is_grad_enabled() and (
+        rows_hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
+    )
+    for start in range(0, rows_hidden.shape[0], size):
+        args = (rows_hidden[start : start + size], rows_targets[start : start + size])
+        fn = _ChunkScorer(lm_head, temperature, compute_entropy)
+        if use_checkpoint:
+            logp_chunk, entropy_chunk = checkpoint(fn, *args, use_reentrant=False)
+        else:
+            logp_chunk, entropy_chunk = fn(*args)
+        logp_rows.append(logp_chunk)
+        entropy_rows.append(entropy_chunk)
+
+    logp = _scatter_rows(logp_rows, valid)
+    entropy = _scatter_rows(entropy_rows, valid) if compute_entropy else None
+    return logp, entropy
+
+
+class _ChunkScorer:
+    """``lm_head`` + temperature + log-softmax on one chunk of hidden states; returns (logp, entropy)."""
+
+    def __init__(self, lm_head, temperature: float, compute_entropy: bool):
+        self.lm_head = lm_head
+        self.temperature = temperature
+        self.compute_entropy = compute_entropy
+
+    def __call__(self, hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        # lm_head runs under whatever autocast is active (bf16 matmul); softmax math is always float32.
+        logits = self.lm_head(hidden).float()
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        log_probs = torch.log_softmax(logits, dim=-1)
+        logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        if self.compute_entropy:
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+        else:
+            entropy = logp.new_zeros(())  # placeholder; checkpoint needs tensors, discarded by the caller
+        return logp, entropy
+
+
+def _scatter_rows(chunks: list[Tensor], valid: Tensor) -> Tensor:
+    """Place per-valid-position values back into an ``[N, T]`` float32 tensor (0 where ``valid`` is False)."""
+    out = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+    if not chunks:
+        return out
+    return out.masked_scatter(valid, torch.cat(chunks).float())
+
+
+def _split_model(model):
+    """The transformer body (returns ``last_hidden_state``) and the output projection of a causal LM."""
+    body = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    lm_head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if body is None or body is model or lm_head is None:
+        raise TypeError(
+            f"response_logprobs needs a Hugging Face causal LM with a decoder body and an lm_head "
+            f"(get_decoder() / get_output_embeddings()); got {type(model).__name__}"
+        )
+    return body, lm_head
+
+
+def _check_inputs(input_ids, attention_mask, response_len, chunk_size, temperature) -> None:
+    if not isinstance(input_ids, Tensor) or input_ids.ndim != 2 or input_ids.dtype != torch.long:
+        raise ValueError(
+            f"input_ids must be a 2-D torch.long tensor [N, P+T]; got "
+            f"{getattr(input_ids, 'dtype', type(input_ids))} of shape {tuple(getattr(input_ids, 'shape', ()))}"
+        )
+    if not isinstance(attention_mask, Tensor) or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask must be a tensor of the same shape as input_ids {tuple(input_ids.shape)}; got "
+            f"{tuple(getattr(attention_mask, 'shape', ()))}"
+        )
+    if isinstance(response_len, bool) or not isinstance(response_len, int):
+        raise ValueError(f"response_len must be an int; got {type(response_len).__name__}")
+    if not 1 <= response_len < input_ids.shape[1]:
+        raise ValueError(
+            f"response_len must be in [1, {input_ids.shape[1] - 1}] (at least one prompt column precedes the "
+            f"response in input_ids of width {input_ids.shape[1]}); got {response_len}"
+        )
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+    ):
+        raise ValueError(f"chunk_size must be a positive int or None; got {chunk_size!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0; got {temperature!r}")
