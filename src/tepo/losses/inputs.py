@@ -26,9 +26,9 @@ class LossInputs:
 
     logp: torch.Tensor
     old_logp: torch.Tensor
+    ref_logp: torch.Tensor | None
     advantages: torch.Tensor
     mask: torch.Tensor
-    ref_logp: torch.Tensor | None
     entropy: torch.Tensor | None
     old_entropy: torch.Tensor | None
     num_tokens: float

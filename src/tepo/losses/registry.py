@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from tepo.losses.aggregation import check_agg_mode
-from tepo.losses.inputs import LossInputs
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
@@ -149,15 +148,3 @@ def describe_table() -> str:
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-__all__ = [
-    "POLICY_LOSSES",
-    "LossInputs",
-    "PolicyLossSpec",
-    "describe",
-    "describe_table",
-    "get_policy_loss",
-    "list_policy_losses",
-    "register_policy_loss",
-]
