@@ -33,8 +33,12 @@ COMMON_OPTIONS: dict[str, Any] = {
 
 def valid_options(spec: PolicyLossSpec) -> list[str]:
     """Every option name ``compute_policy_loss`` accepts for this loss."""
-    names = list(spec.defaults) + (["eps"] if spec.has_clip_pair else []) + list(COMMON_OPTIONS)
-    return names
+    return list(spec.defaults) + (["eps"] if spec.has_clip_pair else []) + list(COMMON_OPTIONS)
+
+
+def _is_finite_number(value: Any) -> bool:
+    # bool is an int subclass; "0.2" strings and NaN are caught here rather than deep inside a loss.
+    return not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
 
 
 def _split_options(spec: PolicyLossSpec, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -51,19 +55,14 @@ def _split_options(spec: PolicyLossSpec, options: dict[str, Any]) -> tuple[dict[
             raise ValueError(f"policy loss {spec.name!r}: pass either eps or {' and '.join(given)}, not both")
         own["eps_low"] = own["eps_high"] = options["eps"]
     for key, value in own.items():
-        default = spec.defaults[key]
-        # A float-valued option must get a finite real number (catches "0.2" strings and NaN early).
-        if isinstance(default, float) and (
-            isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
-        ):
+        if isinstance(spec.defaults[key], float) and not _is_finite_number(value):
             raise ValueError(
                 f"option {key} of policy loss {spec.name!r} must be a finite number, got {value!r}"
             )
     common = {**COMMON_OPTIONS, **{k: v for k, v in options.items() if k in COMMON_OPTIONS}}
     for key in ("entropy_coef", "kl_coef", "tepo_kl_mask_coef"):
-        value = common[key]
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise ValueError(f"{key} must be a finite number, got {value!r}")
+        if not _is_finite_number(common[key]):
+            raise ValueError(f"{key} must be a finite number, got {common[key]!r}")
     for key in ("kl_coef", "tepo_kl_mask_coef"):
         if common[key] < 0:
             raise ValueError(f"{key} must be >= 0, got {common[key]}")
