@@ -7,7 +7,8 @@ deadline of ``timeout_s`` per item (measured from hand-off to that worker, not f
 overruns is killed (SIGKILL) and replaced, and the item scores 0 with status ``"timeout"``. Inside the worker a
 softer SIGALRM deadline at ``soft_fraction * timeout_s`` interrupts sympy first, so most hostile items end
 without a respawn. A worker that dies (segfault, MemoryError under its ``RLIMIT_AS`` cap) scores its item 0 with
-status ``"error"`` and is replaced. Completions are cut to their last ``max_chars`` characters in the parent
+status ``"error"`` and is replaced (after one retry of the item on a fresh worker, since a death is not
+always the item's doing). Completions are cut to their last ``max_chars`` characters in the parent
 before anything is sent (see ``answers.py``).
 """
 
@@ -33,7 +34,15 @@ from .answers import ANSWER_FORMATS, DEFAULT_MAX_CHARS, tail
 
 STATUSES = ("correct", "wrong", "no_answer", "timeout", "error")
 _WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
+# Lone surrogates (invalid UTF-8 decoded with "surrogateescape") become U+FFFD so results stay writable as UTF-8;
+# C0 control characters other than tab/newline/CR, and DEL, mean nothing in LaTeX and become spaces.
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def sanitize(text: str, max_chars: int) -> str:
+    """What the worker gets: the last ``max_chars`` characters, lone surrogates and control characters replaced."""
+    return _CONTROL.sub(" ", _LONE_SURROGATE.sub("\ufffd", tail(text, max_chars)))
 
 
 @dataclass(frozen=True)
@@ -110,6 +119,7 @@ class _Item:
     gold: str
     response: str
     answer_format: str
+    attempts: int = 0
 
 
 class _Worker:
@@ -390,8 +400,8 @@ class MathRewardPool:
             self._next_id += 1
             payload = {
                 "id": self._next_id,
-                "gold": _LONE_SURROGATE.sub("\ufffd", tail(item.gold, self.max_chars)),
-                "response": _LONE_SURROGATE.sub("\ufffd", tail(item.response, self.max_chars)),
+                "gold": sanitize(item.gold, self.max_chars),
+                "response": sanitize(item.response, self.max_chars),
                 "format": item.answer_format,
                 "max_chars": self.max_chars,
                 "soft_deadline_s": self.soft_fraction * self.timeout_s,
@@ -438,11 +448,10 @@ class MathRewardPool:
         now = time.monotonic()
         for w in list(self._workers):
             if w.item is not None and now >= w.deadline:
-                w.kill()
                 with self._lock:
                     self._stats.hard_timeouts += 1
+                self._replace(w)  # counters first, so a caller woken by the result sees them
                 self._finish(w, "timeout", None, f"worker killed at the hard deadline of {self.timeout_s} s")
-                self._replace(w)
             elif not w.ready and now >= w.started + self.startup_timeout_s:
                 self._on_worker_death(w)
 
@@ -451,13 +460,22 @@ class MathRewardPool:
         if code is None:
             w.proc.kill()
             code = w.proc.wait()
-        if w.item is not None:
+        if w.item is not None and w.item.attempts == 0:
+            # One retry on a fresh worker: the death may not be this item's doing (a worker killed from outside,
+            # or one that died while idle just as it was handed this item). A second death scores "error".
+            w.item.attempts += 1
+            with self._lock:
+                self._pending.appendleft(w.item)
+            w.item, w.deadline = None, float("inf")
+        elif w.item is not None:
             how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
             detail = f"worker died ({how}) while verifying this item"
             last_line = w.stderr_tail(300).splitlines()[-1:]
             if last_line:
                 detail += f"; last stderr line: {last_line[0][:200]!r}"
+            self._replace(w)  # counters first, so a caller woken by the result sees them
             self._finish(w, "error", None, detail)
+            return
         if not w.ready:
             self._startup_failures += 1
             if self._startup_failures >= 3:
