@@ -1,6 +1,6 @@
 """Throughput of ``MathRewardPool``: items/s with 1 vs 2 workers, with and without one hostile item per batch.
 
-    .venv/bin/python benchmarks/bench_rewards.py [--batches 3] [--batch-size 64] [--timeout 5]
+    .venv/bin/python benchmarks/bench_rewards.py [--batches 5] [--batch-size 256] [--timeout 5]
 
 A batch looks like one GRPO step: ``batch-size`` completions, 8 samples per prompt, about 1.5 kB of reasoning
 each, a mix of boxed answers, bare final numbers, wrong answers and LaTeX fractions. The "hostile" variant
@@ -62,8 +62,8 @@ def measure(num_workers: int, hostile: bool, args) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--timeout", type=float, default=5.0)
     args = parser.parse_args()
     rows = {}
