@@ -1,0 +1,82 @@
+"""Assembling rollout batches for the update: merging rounds, selecting groups, slicing micro-batches.
+
+Dynamic sampling can draw several rounds of prompts whose batches have different prompt widths ``P`` and
+response widths ``T``; ``concat_rollouts`` re-pads them into one batch laid out as ``RolloutBatch`` requires
+(prompt left-padded, response right-padded). ``trim`` cuts a slice of rows to the columns they actually use, so
+a micro-batch of short responses does not pay for the longest one in the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from tepo.rollout.base import RolloutBatch
+
+
+def concat_rollouts(batches: Sequence[RolloutBatch], pad_token_id: int) -> RolloutBatch:
+    if len(batches) == 1:
+        return batches[0]
+    width_p = max(b.prompt_len for b in batches)
+    width_t = max(b.response_len for b in batches)
+    ids, att, rmask, index, logp = [], [], [], [], []
+    offset = 0
+    for b in batches:
+        n, p, t = b.input_ids.shape[0], b.prompt_len, b.response_len
+        left = torch.full((n, width_p - p), pad_token_id, dtype=b.input_ids.dtype)
+        right = torch.full((n, width_t - t), pad_token_id, dtype=b.input_ids.dtype)
+        ids.append(torch.cat([left, b.input_ids[:, :p], b.input_ids[:, p:], right], 1))
+        zeros_l = torch.zeros((n, width_p - p), dtype=b.attention_mask.dtype)
+        zeros_r = torch.zeros((n, width_t - t), dtype=b.attention_mask.dtype)
+        att.append(torch.cat([zeros_l, b.attention_mask, zeros_r], 1))
+        rmask.append(torch.cat([b.response_mask, torch.zeros((n, width_t - t))], 1))
+        index.append(b.prompt_index + offset)
+        offset += int(b.prompt_index.max()) + 1 if n else 0
+        if b.rollout_logp is not None:
+            logp.append(torch.cat([b.rollout_logp, torch.zeros((n, width_t - t))], 1))
+    return RolloutBatch(
+        input_ids=torch.cat(ids),
+        attention_mask=torch.cat(att),
+        response_mask=torch.cat(rmask),
+        response_len=width_t,
+        prompt_index=torch.cat(index),
+        texts=[t for b in batches for t in b.texts],
+        truncated=torch.cat([b.truncated for b in batches]),
+        gen_seconds=sum(b.gen_seconds for b in batches),
+        num_generated_tokens=sum(b.num_generated_tokens for b in batches),
+        rollout_logp=torch.cat(logp) if len(logp) == len(batches) else None,
+    )
+
+
+def select_rollout_rows(batch: RolloutBatch, rows: Tensor) -> RolloutBatch:
+    """The rows ``rows`` (long indices) of a batch, trimmed to the columns they use."""
+    picked = RolloutBatch(
+        input_ids=batch.input_ids[rows],
+        attention_mask=batch.attention_mask[rows],
+        response_mask=batch.response_mask[rows],
+        response_len=batch.response_len,
+        prompt_index=batch.prompt_index[rows],
+        texts=[batch.texts[i] for i in rows.tolist()],
+        truncated=batch.truncated[rows],
+        gen_seconds=batch.gen_seconds,
+        num_generated_tokens=int(batch.response_mask[rows].sum()),
+        rollout_logp=None if batch.rollout_logp is None else batch.rollout_logp[rows],
+    )
+    return picked
+
+
+def trim_columns(input_ids: Tensor, attention_mask: Tensor, response_len: int) -> tuple[Tensor, Tensor, int, slice]:
+    """Drop prompt columns that are padding in every row and response columns after every row's end.
+
+    Returns the trimmed ids/mask, the new response length, and the slice of the original response columns kept
+    (to cut ``[N, T]`` tensors such as advantages and masks the same way).
+    """
+    prompt_len = input_ids.shape[1] - response_len
+    used_prompt = attention_mask[:, :prompt_len].any(0).nonzero()
+    first = int(used_prompt[0, 0]) if len(used_prompt) else prompt_len - 1
+    used_resp = attention_mask[:, prompt_len:].any(0).nonzero()
+    new_t = int(used_resp[-1, 0]) + 1 if len(used_resp) else 1
+    cols = slice(first, prompt_len + new_t)
+    return input_ids[:, cols], attention_mask[:, cols], new_t, slice(0, new_t)

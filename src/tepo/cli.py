@@ -1,0 +1,122 @@
+"""``tepo``: the command line.
+
+    tepo train [--config PRESET_OR_YAML] [key=value ...]     train (no arguments: the embedded default)
+    tepo train --resume RUN_DIR [key=value ...]              continue a run from its last intact checkpoint
+    tepo losses | estimators | presets                       what is registered
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cmd_train(args) -> int:
+    from tepo.config import load_config
+    from tepo.report import plot_training_curves, training_summary_table
+    from tepo.metrics import read_metrics
+    from tepo.train import resume, train
+
+    if args.resume:
+        result = resume(Path(args.resume), args.overrides)
+    else:
+        overrides = list(args.overrides)
+        if args.model:
+            overrides.append(f"model.name={args.model}")
+        if args.data:
+            overrides.append(f"data.source={args.data}")
+        if args.output_dir:
+            overrides.append(f"train.output_dir={args.output_dir}")
+        if args.trust_remote_code:
+            overrides.append("model.trust_remote_code=true")
+        config = load_config(args.config, overrides)
+        result = train(config)
+    rows = read_metrics(result.run_dir / "metrics.jsonl")
+    before, after = result.summary.get("before", {}), result.summary.get("after", {})
+    marks = {
+        "greedy acc. before": (0, before.get("eval_greedy_accuracy")),
+        "greedy acc. after": (result.steps_done, after.get("eval_greedy_accuracy")),
+    }
+    png = plot_training_curves(rows, result.run_dir / "training_curves.png", title=str(result.run_dir.name),
+                               extra_points=marks)
+    print()
+    print(training_summary_table(result.summary))
+    print(f"\nrun directory: {result.run_dir}\nplot: {png}\nmetrics: {result.run_dir / 'metrics.jsonl'}")
+    return 0
+
+
+def _cmd_losses(_args) -> int:
+    from tepo.losses import describe_table
+
+    print(describe_table())
+    return 0
+
+
+def _cmd_estimators(_args) -> int:
+    from tepo.advantages import describe_table
+
+    print(describe_table())
+    return 0
+
+
+def _cmd_presets(_args) -> int:
+    from tepo.config import list_presets
+
+    print("\n".join(list_presets()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tepo", description="RLVR with TEPO and the GRPO family.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train a policy (no arguments: the embedded default, a few minutes on CPU)")
+    p.add_argument("--config", help="preset name (see `tepo presets`) or YAML path")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last intact checkpoint")
+    p.add_argument("--model", help="Hugging Face causal LM name or local path (default: embedded SmolLM2-135M)")
+    p.add_argument("--data", help="JSONL/Parquet path, Hugging Face dataset name, or procedural task")
+    p.add_argument("--output-dir", help="where run directories are created (default: runs)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. algorithm.loss=grpo train.steps=20")
+    p.set_defaults(func=_cmd_train)
+
+    sub.add_parser("losses", help="list the registered policy losses").set_defaults(func=_cmd_losses)
+    sub.add_parser("estimators", help="list the advantage estimators").set_defaults(func=_cmd_estimators)
+    sub.add_parser("presets", help="list the configuration presets").set_defaults(func=_cmd_presets)
+    _register_optional(sub)
+    return parser
+
+
+def _register_optional(sub) -> None:
+    """Commands that live in their own modules (eval, compare, report) register themselves here when present."""
+    import importlib
+
+    for module in ("tepo.evaluate.cli", "tepo.report.cli"):
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name != module:
+                raise
+            continue
+        mod.register(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tepo.config import ConfigError
+    from tepo.data import DataError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ConfigError, DataError) as err:
+        print(f"tepo: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted: resume with `tepo train --resume RUN_DIR`", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

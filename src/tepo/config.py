@@ -1,0 +1,422 @@
+"""Typed run configuration: dataclasses, YAML presets, ``key=value`` overrides, validation before any model loads.
+
+A config is a tree of small dataclasses (``model``, ``data``, ``rollout``, ``algorithm``, ``optim``, ``train``,
+``reward``, ``eval``, ``log``). Presets live in ``tepo/configs/*.yaml`` (found by name: ``--config tepo``) or
+anywhere by path. Overrides use dotted keys (``algorithm.loss=grpo rollout.group_size=4``); values are parsed as
+YAML scalars and then checked against the field's type. Every problem found is reported at once, one line each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+DEFAULT_PRESET = "default"
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message lists every problem, one per line."""
+
+
+@dataclass
+class ModelConfig:
+    name: str | None = None  # Hugging Face name or local path; None = the embedded SmolLM2-135M-Instruct
+    trust_remote_code: bool = False
+    autocast_bf16: bool = True  # bf16 autocast for forward/backward on CPU, float32 master weights
+
+
+@dataclass
+class DataConfig:
+    source: str = "arithmetic"  # procedural task, JSONL/Parquet path, or Hugging Face dataset name
+    split: str = "train"
+    problem_field: str = "problem"
+    answer_field: str = "answer"
+    limit: int | None = None
+    instruction: str = "Give the final answer as a number."
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "hf"
+    group_size: int = 8  # G samples per prompt
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    autocast_bf16: bool | None = None  # None: the rollout backend's measured default
+
+
+@dataclass
+class AlgorithmConfig:
+    loss: str = "tepo"
+    loss_options: dict[str, Any] = field(default_factory=dict)  # eps_low, eps_high, agg, each loss's settings
+    advantage: str = "grpo"
+    advantage_options: dict[str, Any] = field(default_factory=dict)
+    entropy_coef: float = 0.0
+    kl_coef: float = 0.0
+    kl_estimator: str = "k3"
+    tepo_kl_mask_coef: float = 0.0
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal (DAPO; TEPO Eq. 10)
+    max_resample_rounds: int = 0  # extra prompt batches drawn to refill a batch that dynamic sampling thinned
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 0
+    schedule: str = "constant"  # constant | cosine | linear
+    max_grad_norm: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 12
+    prompts_per_step: int = 4
+    ppo_epochs: int = 1
+    mini_batch_prompts: int | None = None  # None: the whole batch in one update per epoch
+    micro_batch_size: int = 16  # sequences per forward/backward (gradient accumulation beyond it)
+    seed: int = 0
+    output_dir: str = "runs"
+    run_name: str | None = None
+    save_every: int = 4
+    keep_checkpoints: int = 2
+    max_bad_steps: int = 3  # consecutive non-finite steps before the run stops
+
+
+@dataclass
+class RewardConfig:
+    num_workers: int = 2
+    timeout_s: float = 5.0
+    answer_format: str = "boxed_or_last"
+
+
+@dataclass
+class EvalConfig:
+    source: str | None = None  # None: the held-out split of the training task (test split of a procedural task)
+    size: int = 48
+    samples: int = 1  # sampled completions per problem for sampled accuracy (0: greedy only)
+    temperature: float = 1.0
+    every: int = 0  # also evaluate every N steps (0: only before and after training)
+    max_new_tokens: int | None = None  # None: rollout.max_new_tokens
+
+
+@dataclass
+class LogConfig:
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "tepo"
+    progress: bool = True
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loading: preset -> overrides -> typed config -> validation
+# --------------------------------------------------------------------------------------------------------------
+
+
+def list_presets() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("tepo.configs").iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_yaml(source: str) -> tuple[dict, str]:
+    """A YAML file by path, or a preset by name (``tepo``, ``grpo``...)."""
+    path = Path(source)
+    if path.is_file():
+        text, where = path.read_text(encoding="utf-8"), str(path)
+    else:
+        preset = resources.files("tepo.configs") / f"{path.stem}.yaml"
+        if "/" in source or not preset.is_file():
+            raise ConfigError(f"config {source!r}: no such file or preset (presets: {', '.join(list_presets())})")
+        text, where = preset.read_text(encoding="utf-8"), f"preset {path.stem}"
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: invalid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of sections at top level")
+    return data, where
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("loss_options",):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _load_with_bases(source: str, seen: tuple = ()) -> tuple[dict, str]:
+    """A preset may name another with ``base: NAME``; the base is loaded first and this file merged over it."""
+    data, where = _read_yaml(source)
+    base = data.pop("base", None)
+    if base is None:
+        return data, where
+    if base in seen:
+        raise ConfigError(f"{where}: circular base {base!r}")
+    base_data, _ = _load_with_bases(str(base), (*seen, base))
+    return _deep_merge(base_data, data), where
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["a.b=1", "c.d=[x, y]"]`` -> nested dict with YAML-parsed values."""
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. algorithm.loss=grpo")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is set twice in different shapes")
+        node[parts[-1]] = value
+    return tree
+
+
+def load_config(source: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Build and validate a config from a preset/file (default: built-in defaults) plus dotted overrides."""
+    data, where = _load_with_bases(source or DEFAULT_PRESET)
+    data = _deep_merge(data, parse_overrides(overrides or []))
+    errors: list[str] = []
+    config = _build(RunConfig, data, "", errors, where)
+    errors.extend(validate(config))  # fields that failed to parse kept their defaults: no spurious messages
+    if errors:
+        raise ConfigError("invalid configuration:\n" + "\n".join(f"  - {e}" for e in errors))
+    return config
+
+
+def _build(cls, data: Any, prefix: str, errors: list[str], where: str):
+    if not isinstance(data, dict):
+        errors.append(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
+        return cls()
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            errors.append(f"unknown key {prefix}{key!r} in {where} (valid here: {', '.join(sorted(fields))})")
+            continue
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value, f"{prefix}{key}.", errors, where)
+            continue
+        ok, converted = _coerce(value, hint)
+        if not ok:
+            errors.append(f"{prefix}{key}: expected {_type_name(hint)}, got {value!r}")
+            continue
+        kwargs[key] = converted
+    return cls(**kwargs)
+
+
+def _type_name(hint) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _coerce(value: Any, hint) -> tuple[bool, Any]:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            ok, converted = _coerce(value, option)
+            if ok:
+                return True, converted
+        return False, None
+    if hint is type(None):
+        return (value is None), None
+    if hint is Any:
+        return True, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return True, float(value)
+        return False, None
+    if hint is str:
+        return isinstance(value, str), value
+    if origin is dict:
+        return isinstance(value, dict), value
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            return False, None
+        converted = []
+        for item, arg in zip(value, args):
+            ok, c = _coerce(item, arg)
+            if not ok:
+                return False, None
+            converted.append(c)
+        return True, tuple(converted)
+    return isinstance(value, hint), value
+
+
+def validate(config: RunConfig) -> list[str]:
+    """Cross-field checks and registry look-ups; returns one message per problem (empty when valid)."""
+    from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
+    from tepo.losses import POLICY_LOSSES
+
+    errors = []
+    c = config
+    positive = {
+        "rollout.group_size": c.rollout.group_size,
+        "rollout.max_new_tokens": c.rollout.max_new_tokens,
+        "train.steps": c.train.steps,
+        "train.prompts_per_step": c.train.prompts_per_step,
+        "train.ppo_epochs": c.train.ppo_epochs,
+        "train.micro_batch_size": c.train.micro_batch_size,
+        "reward.num_workers": c.reward.num_workers,
+    }
+    errors += [f"{key}: must be >= 1, got {value}" for key, value in positive.items() if value < 1]
+    if c.rollout.temperature <= 0:
+        errors.append(f"rollout.temperature: must be > 0, got {c.rollout.temperature}")
+    if not 0 < c.rollout.top_p <= 1:
+        errors.append(f"rollout.top_p: must be in (0, 1], got {c.rollout.top_p}")
+    if c.optim.lr <= 0:
+        errors.append(f"optim.lr: must be > 0, got {c.optim.lr}")
+    if c.optim.schedule not in ("constant", "cosine", "linear"):
+        errors.append(f"optim.schedule: expected constant, cosine or linear, got {c.optim.schedule!r}")
+    if c.reward.timeout_s <= 0:
+        errors.append(f"reward.timeout_s: must be > 0, got {c.reward.timeout_s}")
+    if c.reward.answer_format not in ("boxed", "boxed_or_last"):
+        errors.append(f"reward.answer_format: expected boxed or boxed_or_last, got {c.reward.answer_format!r}")
+    if c.rollout.backend not in ("hf", "vllm"):
+        errors.append(f"rollout.backend: expected hf or vllm, got {c.rollout.backend!r}")
+    mini = c.train.mini_batch_prompts
+    if mini is not None and mini < 1:
+        errors.append(f"train.mini_batch_prompts: must be >= 1, got {mini}")
+    elif mini is not None and mini > c.train.prompts_per_step:
+        errors.append(
+            f"train.mini_batch_prompts ({mini}) is larger than the batch, train.prompts_per_step "
+            f"({c.train.prompts_per_step})"
+        )
+    if c.train.save_every < 0 or c.eval.every < 0 or c.eval.size < 0 or c.eval.samples < 0:
+        errors.append("train.save_every, eval.every, eval.size and eval.samples must be >= 0")
+    if c.algorithm.max_resample_rounds and not c.algorithm.dynamic_sampling:
+        errors.append("algorithm.max_resample_rounds > 0 needs algorithm.dynamic_sampling: true")
+
+    # Registry names and options: a dry call on a tiny batch catches unknown options now, not after model load.
+    if c.algorithm.loss not in POLICY_LOSSES:
+        errors.append(f"algorithm.loss: unknown loss {c.algorithm.loss!r} (valid: {', '.join(sorted(POLICY_LOSSES))})")
+    else:
+        errors += _dry_run_loss(c.algorithm)
+    if c.algorithm.advantage not in ADVANTAGE_ESTIMATORS:
+        errors.append(
+            f"algorithm.advantage: unknown estimator {c.algorithm.advantage!r} "
+            f"(valid: {', '.join(sorted(ADVANTAGE_ESTIMATORS))})"
+        )
+    else:
+        if c.rollout.group_size == 1 and c.algorithm.advantage in ("grpo", "dr_grpo", "rloo", "entropy_adv", "erpo"):
+            errors.append(
+                f"rollout.group_size is 1 but algorithm.advantage={c.algorithm.advantage!r} compares responses "
+                "within a group: every advantage would be 0. Use group_size >= 2."
+            )
+        try:
+            _dry_run_advantages(c)
+        except ValueError as err:
+            errors.append(f"algorithm.advantage_options: {err}")
+    return errors
+
+
+def _dry_run_loss(algo: AlgorithmConfig) -> list[str]:
+    import torch
+
+    from tepo.losses import compute_policy_loss
+
+    t = torch.zeros(2, 2)
+    try:
+        compute_policy_loss(
+            algo.loss,
+            logp=t,
+            old_logp=t,
+            advantages=torch.tensor([1.0, -1.0]),
+            mask=torch.ones(2, 2),
+            ref_logp=t,
+            entropy=t,
+            old_entropy=t,
+            **loss_options(algo),
+        )
+    except ValueError as err:
+        return [f"algorithm: {err}"]
+    return []
+
+
+def _dry_run_advantages(c: RunConfig) -> None:
+    import torch
+
+    from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
+
+    g = max(c.rollout.group_size, 2)
+    extra = {}
+    if ADVANTAGE_ESTIMATORS[c.algorithm.advantage].token_level:
+        z = torch.zeros(g, 2)
+        extra = {"entropy": z, "mask": torch.ones(g, 2), "logp": z, "ref_logp": z, "old_logp": z}
+        extra = {k: v for k, v in extra.items() if k in _accepted(c.algorithm.advantage)}
+    compute_advantages(c.algorithm.advantage, torch.arange(g, dtype=torch.float32), g, **extra, **c.algorithm.advantage_options)
+
+
+def _accepted(name: str) -> set[str]:
+    import inspect
+
+    from tepo.advantages import ADVANTAGE_ESTIMATORS
+
+    return set(inspect.signature(ADVANTAGE_ESTIMATORS[name].fn).parameters)
+
+
+def loss_options(algo: AlgorithmConfig) -> dict:
+    """Options passed to ``compute_policy_loss``: the loss's own settings plus the active regularizers."""
+    options = dict(algo.loss_options)
+    if algo.entropy_coef:
+        options["entropy_coef"] = algo.entropy_coef
+    if algo.kl_coef:
+        options["kl_coef"] = algo.kl_coef
+        options["kl_estimator"] = algo.kl_estimator
+    if algo.tepo_kl_mask_coef:
+        options["tepo_kl_mask_coef"] = algo.tepo_kl_mask_coef
+    return options
+
+
+def needs_reference_model(algo: AlgorithmConfig) -> bool:
+    from tepo.losses import POLICY_LOSSES
+
+    spec = POLICY_LOSSES.get(algo.loss)
+    needs = bool(algo.kl_coef) or (spec is not None and "ref_logp" in getattr(spec, "requires", ()))
+    if algo.advantage == "erpo" and algo.advantage_options.get("progress_baseline", "ref") == "ref":
+        needs = True
+    return needs
+
+
+def save_config(config: RunConfig, path: Path) -> None:
+    data = config.to_dict()
+    data["optim"]["betas"] = list(data["optim"]["betas"])
+    path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -1,0 +1,94 @@
+"""The shared evaluation step: generate for a list of problems, verify every response, keep per-problem records.
+
+Used by the trainer's held-out evaluation (before/after training and every ``eval.every`` steps) and by
+``tepo eval``. Generation goes through the same rollout backend as training, verification through the same
+reward pool, so "accuracy" means the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tepo.data import Problem, build_prompt_ids
+from tepo.rewards import MathRewardPool, RewardResult
+
+
+@dataclass
+class ProblemResult:
+    problem: Problem
+    responses: list[str] = field(default_factory=list)
+    verdicts: list[RewardResult] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+
+    @property
+    def num_correct(self) -> int:
+        return sum(v.status == "correct" for v in self.verdicts)
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.verdicts)
+
+
+def score_problems(
+    backend,
+    tokenizer,
+    problems: Sequence[Problem],
+    pool: MathRewardPool,
+    *,
+    instruction: str,
+    num_samples: int = 1,
+    greedy: bool = False,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    batch_prompts: int = 16,
+    on_batch: Callable[[list[ProblemResult]], None] | None = None,
+) -> list[ProblemResult]:
+    """``num_samples`` responses per problem (one if ``greedy``), verified; batches of ``batch_prompts`` prompts.
+
+    Each batch's seed is ``seed + batch index`` so results do not depend on which batches ran before (a resumed
+    evaluation gives the same samples). ``on_batch`` receives each finished batch (for progress and resume logs).
+    """
+    samples = 1 if greedy else num_samples
+    results: list[ProblemResult] = []
+    for index, start in enumerate(range(0, len(problems), batch_prompts)):
+        chunk = list(problems[start : start + batch_prompts])
+        prompt_ids = build_prompt_ids(tokenizer, chunk, instruction)
+        batch = backend.generate(
+            prompt_ids,
+            num_samples=samples,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed + index,
+            greedy=greedy,
+        )
+        answers = [p.answer for p in chunk for _ in range(samples)]
+        verdicts = pool.score(batch.texts, answers)
+        lengths = batch.response_mask.sum(1).long().tolist()
+        chunk_results = []
+        for j, problem in enumerate(chunk):
+            rows = range(j * samples, (j + 1) * samples)
+            chunk_results.append(
+                ProblemResult(
+                    problem=problem,
+                    responses=[batch.texts[r] for r in rows],
+                    verdicts=[verdicts[r] for r in rows],
+                    lengths=[lengths[r] for r in rows],
+                    truncated=[bool(batch.truncated[r]) for r in rows],
+                )
+            )
+        results.extend(chunk_results)
+        if on_batch is not None:
+            on_batch(chunk_results)
+    return results
+
+
+def accuracy(results: Sequence[ProblemResult]) -> float:
+    """Mean over problems of the share of correct responses (avg@k; greedy accuracy when k = 1)."""
+    if not results:
+        return float("nan")
+    return sum(r.num_correct / max(r.num_samples, 1) for r in results) / len(results)
