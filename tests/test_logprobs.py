@@ -252,3 +252,20 @@ def test_embedded_model_matches_naive_and_bf16_autocast_is_close(embedded_model)
     assert (bf_logp - logp)[valid].abs().max() < 0.25
     assert (bf_entropy - entropy)[valid].abs().max() < 0.25
     assert (bf_logp - logp)[valid].abs().mean() < 0.08
+
+
+def test_bf16_autocast_forward_and_backward_run_and_stay_close():
+    model = tiny_llama()
+    ids, mask = make_batch([3, 5], [4, 6], prompt_width=5, response_width=6)
+    ref_logp, ref_entropy = response_logprobs(model, ids, mask, 6, chunk_size=4)
+    ref_logp.sum().backward()
+    ref_grad = model.lm_head.weight.grad.clone()
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, entropy = response_logprobs(model, ids, mask, 6, chunk_size=4)
+    assert logp.dtype == entropy.dtype == torch.float32
+    logp.sum().backward()  # backward outside autocast recomputes the chunks under bf16 autocast again
+    torch.testing.assert_close(logp, ref_logp.detach(), atol=0.05, rtol=0)
+    torch.testing.assert_close(entropy, ref_entropy.detach(), atol=0.05, rtol=0)
+    assert torch.isfinite(model.lm_head.weight.grad).all()
+    torch.testing.assert_close(model.lm_head.weight.grad, ref_grad, atol=0.05, rtol=0.05)
