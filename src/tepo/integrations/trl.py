@@ -1,0 +1,398 @@
+"""TEPO and the rest of the `tepo.losses` registry inside TRL's `GRPOTrainer` (TRL >= 1.16).
+
+`TepoGRPOTrainer` keeps everything TRL does (generation with transformers or vLLM, reward functions,
+accelerate/DeepSpeed/FSDP, logging, checkpoints) and replaces only the loss: the per-token log-probs, the
+entropies and the old / reference log-probs TRL already computes are handed to
+`tepo.losses.compute_policy_loss`, the one place where the math lives. Optionally the advantages come from
+`tepo.advantages.compute_advantages` and DAPO's group filter (`tepo.advantages.filter_groups`) drops groups
+whose rewards are all equal.
+
+Normalisation (why the result does not depend on how the batch is split)
+-----------------------------------------------------------------------
+TRL generates one *generation batch* every ``steps_per_generation * num_iterations`` micro-steps, shuffles it,
+cuts it into ``steps_per_generation`` slices and runs one slice per micro-step; an optimizer step sums the
+gradients of ``gradient_accumulation_steps`` (GA) micro-steps, and DDP/FSDP/DeepSpeed average them over the P
+processes. TRL's own ``loss_type="dapo"`` divides each micro-batch's token sum by
+``num_items_in_batch / P * GA / steps_per_generation`` (``num_items_in_batch`` = loss tokens of the whole
+generation batch on all processes): the *expected* token count of one optimizer window, exact when
+``steps_per_generation == GA`` (TRL's default) and exact only on average otherwise.
+
+This adapter passes the *exact* global counts of the optimizer window instead: when ``steps_per_generation``
+is a multiple of GA (the windows are then fixed groups of GA consecutive slices), it counts the loss tokens
+and sequences of each window over all processes right after generation, and every micro-batch of the window
+calls ``compute_policy_loss(..., num_tokens=T_window / P, num_seqs=N_window / P)``. After the P-average of the
+gradients the update is exactly the gradient of the window's loss as `compute_policy_loss` defines it on the
+whole window, for every aggregation mode. When ``steps_per_generation`` is not a multiple of GA the windows
+straddle generations and their counts are not known in advance: the adapter falls back to TRL's rule (expected
+count) and says so once at start-up. In evaluation (no accumulation) the counts are those of the eval batch.
+``max_len`` (the ``seq-mean-token-sum-norm`` constant) defaults to ``max_completion_length``, as TRL's dr_grpo.
+
+What is taken from TRL's config and what is not
+-----------------------------------------------
+The loss is configured only by ``loss_name`` and ``loss_options``; TRL's ``loss_type``,
+``importance_sampling_level``, ``epsilon`` and ``epsilon_high`` are not used. ``beta`` *is*: it becomes the
+``kl_coef`` option (k3 estimator by default) because it is also what makes TRL load the reference model and
+compute its log-probs, so ``kl_coef`` in ``loss_options`` is refused. TRL features that would add a term the
+registry does not know are refused at construction, never dropped: ``top_entropy_quantile < 1``,
+``off_policy_mask_threshold``, ``delta``, TRL's ``entropy_coef`` / adaptive entropy (use the
+``entropy_coef`` loss option), ``use_bias_correction_kl`` with ``beta > 0``, vLLM's
+``vllm_importance_sampling_correction`` and the Liger kernel (which bypasses the loss hook). The MoE router
+auxiliary loss is added as TRL adds it.
+
+Metrics
+-------
+Every metric of `compute_policy_loss` is averaged over processes and appended to TRL's ``_metrics`` as
+``tepo/<name>`` (``tepo/loss``, ``tepo/policy_loss``, ``tepo/clip_frac_low``, ``tepo/approx_kl``,
+``tepo/entropy``, ``tepo/tepo_kl_mask_frac``...), so they appear wherever TRL logs (console, W&B,
+``trainer.state.log_history``). With dynamic sampling the filter's counts appear as
+``tepo/dynamic_sampling/<name>``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+try:
+    from trl import GRPOTrainer
+except ImportError as exc:  # pragma: no cover - exercised only without the extra installed
+    raise ImportError(
+        "tepo.integrations.trl needs TRL >= 1.16: install it with `pip install 'tepo[trl]'`"
+    ) from exc
+
+from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, filter_groups
+from tepo.losses import compute_policy_loss, get_policy_loss, valid_options
+
+logger = logging.getLogger(__name__)
+
+# Keys this adapter adds to TRL's per-micro-batch input dicts.
+_NUM_TOKENS = "tepo_num_tokens"
+_NUM_SEQS = "tepo_num_seqs"
+_KEEP = "tepo_keep"
+_OLD_ENTROPY = "tepo_old_entropy"
+_MULTIMODAL_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+def _refuse_unsupported(args: Any, loss_options: dict[str, Any]) -> None:
+    """One clear error for every TRL feature that would add a term `compute_policy_loss` does not compute."""
+    problems = []
+    if "kl_coef" in loss_options:
+        problems.append(
+            "kl_coef in loss_options: set GRPOConfig(beta=...) instead (beta is what makes TRL load the reference "
+            "model; the adapter passes it to the loss as kl_coef)"
+        )
+    if getattr(args, "top_entropy_quantile", 1.0) < 1.0:
+        problems.append("top_entropy_quantile < 1 (TRL's high-entropy token mask) is not a tepo loss term")
+    if getattr(args, "off_policy_mask_threshold", None) is not None:
+        problems.append("off_policy_mask_threshold (DeepSeek-V3.2 sequence mask) is not a tepo loss term")
+    if getattr(args, "delta", None) is not None:
+        problems.append("delta (two-sided clipping) is not a tepo loss option")
+    if getattr(args, "entropy_coef", 0.0) != 0.0 or getattr(args, "use_adaptive_entropy", False):
+        problems.append(
+            "GRPOConfig.entropy_coef / use_adaptive_entropy: use loss_options={'entropy_coef': ...} instead"
+        )
+    if getattr(args, "beta", 0.0) != 0.0 and getattr(args, "use_bias_correction_kl", False):
+        problems.append(
+            "beta > 0 with use_bias_correction_kl=True: the tepo KL term is the plain k1/k2/k3 estimate; set "
+            "use_bias_correction_kl=False"
+        )
+    if getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False):
+        problems.append(
+            "use_vllm with vllm_importance_sampling_correction=True: the sampler-mismatch weight is not a tepo "
+            "loss term; set vllm_importance_sampling_correction=False (old log-probs are still recomputed by the "
+            "trainer, so the losses' ratios are exact)"
+        )
+    if getattr(args, "use_liger_kernel", False):
+        problems.append("use_liger_kernel=True bypasses the loss hook this adapter overrides")
+    if problems:
+        raise ValueError("TepoGRPOTrainer cannot honour: " + "; ".join(problems))
+
+
+class TepoGRPOTrainer(GRPOTrainer):
+    """`trl.GRPOTrainer` whose loss is ``tepo.losses.compute_policy_loss(loss_name, **loss_options)``.
+
+    Extra keyword arguments (everything else is `GRPOTrainer`'s):
+
+    - ``loss_name``: a name of the `tepo.losses` registry (default ``"tepo"``).
+    - ``loss_options``: that loss's options (``eps``, ``eps_low``, ``eps_high``, ``agg``, ``entropy_coef``,
+      ``kl_estimator``, ``tepo_kl_mask_coef``, ...); ``kl_coef`` comes from ``GRPOConfig.beta``.
+    - ``advantage_estimator`` / ``advantage_options``: a sequence-level estimator of `tepo.advantages`
+      (``grpo``, ``dr_grpo``, ``rloo``) applied to the weighted sum of the reward functions, replacing TRL's
+      ``scale_rewards`` normalisation; None keeps TRL's advantages.
+    - ``dynamic_sampling``: drop (mask out of the loss and of the token counts) every group whose rewards are
+      all equal (DAPO; TEPO Eq. 10's ``0 < |correct| < G``). TRL cannot refill the batch, so the batch
+      shrinks instead of being topped up with new prompts; the dropped share is logged.
+
+    See the module docstring for the normalisation, which TRL options are refused, and the logged metrics.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        loss_name: str = "tepo",
+        loss_options: dict[str, Any] | None = None,
+        advantage_estimator: str | None = None,
+        advantage_options: dict[str, Any] | None = None,
+        dynamic_sampling: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        spec = get_policy_loss(loss_name)  # unknown name -> ValueError listing the registry
+        loss_options = dict(loss_options or {})
+        unknown = sorted(set(loss_options) - set(valid_options(spec)))
+        if unknown:
+            raise ValueError(
+                f"unknown loss_options {', '.join(unknown)} for policy loss {loss_name!r}; valid options: "
+                f"{', '.join(o for o in valid_options(spec) if o not in ('kl_coef', 'num_seqs'))}"
+            )
+        if advantage_estimator is not None:
+            if advantage_estimator not in ADVANTAGE_ESTIMATORS:
+                raise ValueError(
+                    f"unknown advantage_estimator {advantage_estimator!r}; registered: "
+                    f"{', '.join(ADVANTAGE_ESTIMATORS)}"
+                )
+            if ADVANTAGE_ESTIMATORS[advantage_estimator].token_level:
+                sequence_level = [n for n, e in ADVANTAGE_ESTIMATORS.items() if not e.token_level]
+                raise ValueError(
+                    f"advantage_estimator {advantage_estimator!r} is token-level (it needs per-token entropies "
+                    f"at advantage time, which TRL does not compute); use one of {', '.join(sequence_level)}"
+                )
+        elif advantage_options:
+            raise ValueError("advantage_options given without advantage_estimator")
+        train_args = kwargs.get("args", args[2] if len(args) > 2 else None)
+        if train_args is not None:  # fail before TRL loads models or starts vLLM
+            _refuse_unsupported(train_args, loss_options)
+        self.loss_name = loss_name
+        self.loss_options = loss_options
+        self.advantage_estimator = advantage_estimator
+        self.advantage_options = dict(advantage_options or {})
+        self.dynamic_sampling = bool(dynamic_sampling)
+        self._tepo_captured_entropies: list[torch.Tensor] | None = None
+        self._tepo_rewards_per_func: torch.Tensor | None = None
+        super().__init__(*args, **kwargs)
+        _refuse_unsupported(self.args, loss_options)  # args may have been built by GRPOTrainer itself
+        if self.beta != 0.0:
+            self.loss_options["kl_coef"] = self.beta
+        self.loss_options.setdefault("max_len", self.max_completion_length)
+        self._tepo_needs_old_entropy = float(self.loss_options.get("tepo_kl_mask_coef", 0.0)) != 0.0
+        self._tepo_exact_windows = self.args.steps_per_generation % self.args.gradient_accumulation_steps == 0
+        if not self._tepo_exact_windows:
+            logger.warning(
+                "steps_per_generation=%d is not a multiple of gradient_accumulation_steps=%d: the loss is "
+                "normalised by the expected token count of an optimizer window (TRL's rule), not the exact one",
+                self.args.steps_per_generation,
+                self.args.gradient_accumulation_steps,
+            )
+
+    # ------------------------------------------------------------------------------------------------------
+    # Generation side: capture what the loss needs that TRL does not keep.
+    # ------------------------------------------------------------------------------------------------------
+
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, *args, **kw
+    ):
+        capture = self._tepo_captured_entropies
+        if capture is not None:
+            # Inside generation: the first call (when TRL makes one for the old policy) is pi_old's pass; ask
+            # for its entropies too (the fused head computes them anyway) instead of a second forward.
+            kw["compute_entropy"] = True
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kw
+        )
+        if capture is not None:
+            capture.append(entropies)
+        return logps, entropies, aux
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._tepo_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        self._tepo_captured_entropies = [] if self._tepo_needs_old_entropy else None
+        try:
+            output = super()._generate_and_score_completions(inputs)
+            captured = self._tepo_captured_entropies
+        finally:
+            self._tepo_captured_entropies = None
+        if captured is not None and output.get("old_per_token_logps") is not None:
+            # TRL computes pi_old's log-probs before the reference model's, so the first capture is pi_old's.
+            output[_OLD_ENTROPY] = captured[0].detach()
+        if self.advantage_estimator is not None or self.dynamic_sampling:
+            self._apply_estimator_and_filter(output)
+        if not self.model.training:
+            self._annotate_counts([output], window_size=1)
+        return output
+
+    def _global_rewards(self) -> torch.Tensor:
+        per_func = self._tepo_rewards_per_func
+        unscorable = torch.isnan(per_func).all(dim=1)
+        if bool(unscorable.any()):
+            rows = unscorable.nonzero().flatten().tolist()
+            raise ValueError(
+                f"every reward function returned None for completion(s) {rows[:10]} of this batch; "
+                "tepo's advantage estimators and group filter need a number for every completion"
+            )
+        return (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
+
+    def _apply_estimator_and_filter(self, output: dict[str, Any]) -> None:
+        rewards = self._global_rewards()  # [N_global], groups of G contiguous rows, all processes
+        group_size = self.num_generations if self.model.training else self.num_generations_eval
+        local = output["advantages"].shape[0]
+        rows = slice(self.accelerator.process_index * local, (self.accelerator.process_index + 1) * local)
+        mode = "train" if self.model.training else "eval"
+        if self.advantage_estimator is not None:
+            advantages = compute_advantages(
+                self.advantage_estimator, rewards.float().cpu(), group_size, **self.advantage_options
+            )
+            output["advantages"] = advantages[rows].to(
+                output["advantages"].device, output["advantages"].dtype
+            )
+        if self.dynamic_sampling:
+            result = filter_groups(rewards.float().cpu(), group_size)
+            output[_KEEP] = result.keep_mask[rows].to(output["completion_mask"].device)
+            for key, value in result.metrics.items():
+                self._metrics[mode][f"tepo/dynamic_sampling/{key}"].append(float(value))
+
+    # ------------------------------------------------------------------------------------------------------
+    # Global counts per optimizer window.
+    # ------------------------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
+        mask = inputs["completion_mask"].bool()
+        if inputs.get("tool_mask") is not None:
+            mask = mask & inputs["tool_mask"].bool()
+        if inputs.get(_KEEP) is not None:
+            mask = mask & inputs[_KEEP].bool().unsqueeze(-1)
+        return mask
+
+    @staticmethod
+    def _num_rows(inputs: dict[str, Any]) -> int:
+        """Sequences of the batch as `compute_policy_loss` counts them: every row, except filtered groups'."""
+        keep = inputs.get(_KEEP)
+        return int(keep.sum().item()) if keep is not None else int(inputs["completion_mask"].shape[0])
+
+    def _annotate_counts(self, slices: list[dict[str, Any]], window_size: int) -> None:
+        """Write into each slice the global token and sequence counts of its optimizer window, divided by P.
+
+        Windows are groups of ``window_size`` consecutive slices. Counts are summed over all processes (one
+        collective call), then divided by P because the gradients are averaged over processes.
+        """
+        local = torch.tensor(
+            [[float(self._loss_mask(s).sum().item()), float(self._num_rows(s))] for s in slices],
+            device=self.accelerator.device,
+        )
+        totals = self.accelerator.reduce(local, reduction="sum").cpu()  # [num_slices, 2]
+        processes = float(self.accelerator.num_processes)
+        for start in range(0, len(slices), window_size):
+            tokens, seqs = totals[start : start + window_size].sum(dim=0).tolist()
+            for s in slices[start : start + window_size]:
+                # max(., 1): a window whose groups were all filtered has no tokens; its loss is then 0.
+                s[_NUM_TOKENS] = max(tokens, 1.0) / processes
+                s[_NUM_SEQS] = max(seqs, 1.0) / processes
+
+    def _prepare_inputs(self, generation_batch):
+        before = self._buffered_inputs
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training and self._buffered_inputs is not before and self._tepo_exact_windows:
+            self._annotate_counts(self._buffered_inputs, window_size=self.args.gradient_accumulation_steps)
+        return inputs
+
+    def _fallback_counts(self, inputs: dict[str, Any]) -> tuple[float, float]:
+        """TRL's own rule (its ``dapo`` normaliser) when exact window counts are not available."""
+        processes = self.accelerator.num_processes
+        tokens = float(inputs["num_items_in_batch"].clamp(min=1.0).item()) / processes
+        seqs = float(self._num_rows(inputs))
+        if self.model.training:
+            # Trainer sets current_gradient_accumulation_steps per window (fewer at an epoch's end).
+            accumulation = getattr(
+                self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps
+            )
+            tokens *= accumulation / self.args.steps_per_generation
+            seqs *= accumulation
+        return tokens, seqs
+
+    # ------------------------------------------------------------------------------------------------------
+    # The loss.
+    # ------------------------------------------------------------------------------------------------------
+
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{key: inputs.get(key) for key in _MULTIMODAL_KEYS},
+        )
+        mask = self._loss_mask(inputs)
+        # TRL skips pi_old's pass when the update is on-policy (old == current policy): then old = sg[current],
+        # and pi_old's entropy is sg[current entropy].
+        old_logps = inputs.get("old_per_token_logps")
+        old_logps = logps.detach() if old_logps is None else old_logps
+        old_entropy = inputs.get(_OLD_ENTROPY)
+        if old_entropy is None and self._tepo_needs_old_entropy:
+            if inputs.get("old_per_token_logps") is not None:
+                raise RuntimeError(
+                    "tepo_kl_mask_coef needs pi_old's entropies, but TRL's pi_old pass was not captured"
+                )
+            old_entropy = entropies.detach()
+        if _NUM_TOKENS in inputs:
+            num_tokens, num_seqs = inputs[_NUM_TOKENS], inputs[_NUM_SEQS]
+        else:
+            num_tokens, num_seqs = self._fallback_counts(inputs)
+        options = dict(self.loss_options)
+        options.setdefault("num_seqs", num_seqs)
+        loss, metrics = compute_policy_loss(
+            self.loss_name,
+            logp=logps,
+            old_logp=old_logps,
+            advantages=inputs["advantages"],
+            mask=mask,
+            ref_logp=inputs.get("ref_per_token_logps"),
+            entropy=entropies,
+            old_entropy=old_entropy,
+            num_tokens=num_tokens,
+            **options,
+        )
+        mode = "train" if self.model.training else "eval"
+        if self.aux_loss_enabled:
+            # As TRL: the MoE router loss is a model term, scaled for gradient accumulation.
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
+            self._metrics[mode]["aux_loss"].append(
+                self.accelerator.gather_for_metrics(aux_loss).mean().item()
+            )
+        self._log_loss_metrics(mode, metrics)
+        return loss
+
+    def _log_loss_metrics(self, mode: str, metrics: dict[str, float]) -> None:
+        """Average the loss's metrics over processes (one collective call) and hand them to TRL's logger."""
+        names = sorted(metrics)
+        values = torch.tensor(
+            [metrics[n] for n in names], dtype=torch.float64, device=self.accelerator.device
+        )
+        gathered = self.accelerator.gather(values.unsqueeze(0)).view(-1, len(names))
+        for name, column in zip(names, gathered.unbind(dim=1)):
+            finite = column[torch.isfinite(column)]
+            value = float(finite.mean().item()) if finite.numel() else math.nan
+            self._metrics[mode][f"tepo/{name}"].append(value)
