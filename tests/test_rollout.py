@@ -141,6 +141,7 @@ def test_make_rollout_and_bad_requests(embedded_model, prompts):
     model, tokenizer = embedded_model
     backend = make_rollout("hf", model, tokenizer, max_batch_size=8)
     assert isinstance(backend, HFRollout) and backend.max_batch_size == 8
+    assert backend.autocast_bf16 is False  # measured faster on CPU with default threads (see hf.py)
     with pytest.raises(NotImplementedError, match="not available on this machine"):
         make_rollout("vllm", model, tokenizer)
     with pytest.raises(ValueError, match="unknown rollout backend 'sglang'"):

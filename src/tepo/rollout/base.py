@@ -18,6 +18,7 @@ class RolloutBatch:
     ``response_mask`` is 1 on response tokens up to and including the first EOS and 0 after it; tokens after it
     are the pad token and have ``attention_mask`` 0. ``rollout_logp`` ([N, T], 0 where masked) is filled only
     when the backend was asked for it (``return_logprobs=True``): the sampler's own log-probabilities.
+    All tensors are on the CPU, whatever device generated them.
     """
 
     input_ids: Tensor  # long [N, P+T]

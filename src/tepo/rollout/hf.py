@@ -10,9 +10,13 @@ from torch import Tensor
 
 from tepo.rollout.base import RolloutBatch
 
-# Measured on the embedded model (SmolLM2-135M, float32 weights), 32 rows x 64 new tokens, 2 shared CPU cores:
-# bf16 autocast made `generate` slower on CPU (see benchmarks/ and the module's report), so the CPU default
-# is float32; on CUDA bf16 autocast is the usual win.
+# Measured on the embedded model (SmolLM2-135M, float32 weights), 32 prompts x 64 new tokens, temperature 1, on the
+# shared 2-core CPU machine (other engineers' jobs running; "slots" = rows x generated steps per second):
+#   torch default 2 threads: float32 17.6 / 56.9 slot-tok/s, bf16 autocast 7.6 / 15.3 (two runs): bf16 2.3-3.7x slower
+#   1 thread (torch.set_num_threads(1)): float32 63 slot-tok/s, bf16 autocast 122 (median of 2): bf16 1.9x faster
+# With the default thread count float32 is faster, and it also keeps the sampler identical to a float32 trainer,
+# so the CPU default is float32; pass autocast_bf16=True when running torch on one thread. On CUDA bf16 is the
+# usual win (not measured here: no GPU).
 _BF16_AUTOCAST_DEFAULT = {"cpu": False, "cuda": True}
 
 
@@ -33,7 +37,9 @@ class HFRollout:
     caller's global RNG state is left exactly as it was. With ``seed=None`` the global RNG is used (and advanced).
     Samples depend on how rows are batched (padding changes float rounding), not only on the seed.
 
-    ``autocast_bf16=None`` picks the faster setting measured for the model's device type (CPU: off, CUDA: on).
+    ``autocast_bf16=None`` picks the faster setting measured for the model's device type (CPU: off, CUDA: on);
+    see the measurements above ``_BF16_AUTOCAST_DEFAULT``. Under bf16 autocast the sampler's distribution
+    differs slightly from the float32 policy that :func:`tepo.logprobs.response_logprobs` scores.
     """
 
     def __init__(
