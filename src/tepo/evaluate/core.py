@@ -46,11 +46,13 @@ def score_problems(
     seed: int = 0,
     batch_prompts: int = 16,
     on_batch: Callable[[list[ProblemResult]], None] | None = None,
+    answer_format: str | None = None,
 ) -> list[ProblemResult]:
     """``num_samples`` responses per problem (one if ``greedy``), verified; batches of ``batch_prompts`` prompts.
 
     Each batch's seed is ``seed + batch index`` so results do not depend on which batches ran before (a resumed
     evaluation gives the same samples). ``on_batch`` receives each finished batch (for progress and resume logs).
+    ``answer_format`` overrides the pool's own for these verdicts (``tepo eval`` judges benchmarks with "boxed").
     """
     samples = 1 if greedy else num_samples
     results: list[ProblemResult] = []
@@ -67,7 +69,7 @@ def score_problems(
             greedy=greedy,
         )
         answers = [p.answer for p in chunk for _ in range(samples)]
-        verdicts = pool.score(batch.texts, answers)
+        verdicts = pool.score(batch.texts, answers, answer_format=answer_format)
         lengths = batch.response_mask.sum(1).long().tolist()
         chunk_results = []
         for j, problem in enumerate(chunk):

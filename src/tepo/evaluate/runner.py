@@ -1,0 +1,312 @@
+"""``tepo eval``'s engine: score benchmarks into ``samples.jsonl``, resume what is there, write ``results.json``.
+
+Output directory layout:
+
+- ``eval_settings.json``: the model (its spec and checkpoint) and each benchmark's decoding/judging setting. A later
+  run into the same directory must match them for the benchmarks it shares (else samples of different settings
+  would be mixed); ``overwrite=True`` starts from scratch instead.
+- ``samples.jsonl``: one line per finished problem (:mod:`tepo.evaluate.samples`), appended batch by batch.
+- ``results.json``: per benchmark its metrics (:mod:`tepo.evaluate.metrics`), computed from the records of
+  ``samples.jsonl`` alone, with the setting and data source; benchmarks of earlier runs into the same directory are
+  kept.
+
+Resume: problems whose record is already in ``samples.jsonl`` are not generated again. Batches are the problems
+``[b * batch_size, (b + 1) * batch_size)`` of the benchmark, generated with seed ``setting.seed + b`` whether or not
+earlier batches ran in this process, so an interrupted and resumed evaluation draws the same samples as an
+uninterrupted one with the same batch size (transformers' sampling is deterministic given the seed on CPU; GPU
+kernels may not be).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from tepo.data import Problem
+from tepo.evaluate.core import score_problems
+from tepo.evaluate.metrics import benchmark_metrics
+from tepo.evaluate.samples import SAMPLES_FILE, append_samples, problem_record, read_samples
+from tepo.evaluate.settings import DEFAULT_PASS_K, EvalError, EvalSetting
+
+SETTINGS_FILE = "eval_settings.json"
+RESULTS_FILE = "results.json"
+
+
+@dataclass
+class BenchmarkTask:
+    """One benchmark to evaluate: its name (the key in the output files), problems, setting and data source."""
+
+    name: str
+    problems: Sequence[Problem]
+    setting: EvalSetting
+    source: str = ""
+
+
+@dataclass
+class BenchmarkOutcome:
+    name: str
+    metrics: dict
+    generated: int  # problems generated in this run
+    resumed: int  # problems taken from samples.jsonl
+    seconds: float
+
+
+@dataclass
+class EvalReport:
+    results: dict  # what results.json holds
+    outcomes: list[BenchmarkOutcome]  # this run's benchmarks, in order
+    output_dir: Path
+
+
+def _model_identity(model_info: dict) -> dict:
+    return {"spec": model_info.get("spec"), "checkpoint": model_info.get("checkpoint")}
+
+
+def _write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _prepare_output_dir(
+    output_dir: Path, model_info: dict, tasks: Sequence[BenchmarkTask], overwrite: bool
+) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    settings_path = output_dir / SETTINGS_FILE
+    if overwrite:
+        for name in (SAMPLES_FILE, RESULTS_FILE, SETTINGS_FILE):
+            (output_dir / name).unlink(missing_ok=True)
+    saved = {"model": _model_identity(model_info), "benchmarks": {}}
+    if settings_path.exists():
+        try:
+            saved = json.loads(settings_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            saved = None
+        if not isinstance(saved, dict) or not isinstance(saved.get("benchmarks"), dict):
+            raise EvalError(
+                f"{settings_path}: unreadable; pass --overwrite to start this directory again"
+            ) from None
+        if saved.get("model") != _model_identity(model_info):
+            raise EvalError(
+                f"{output_dir} holds an evaluation of model {saved.get('model')}, not "
+                f"{_model_identity(model_info)}; use another --output-dir or pass --overwrite"
+            )
+    elif (output_dir / SAMPLES_FILE).exists():
+        raise EvalError(
+            f"{output_dir / SAMPLES_FILE} exists without {SETTINGS_FILE}, so its settings are unknown; "
+            "use another --output-dir or pass --overwrite"
+        )
+    for task in tasks:
+        new = task.setting.as_dict()
+        old = saved["benchmarks"].get(task.name)
+        if old is not None and old != new:
+            diff = ", ".join(
+                f"{k}: {old.get(k)!r} -> {new.get(k)!r}"
+                for k in sorted(set(old) | set(new))
+                if old.get(k) != new.get(k)
+            )
+            raise EvalError(
+                f"{output_dir} already holds {task.name} samples with other settings ({diff}); "
+                "use another --output-dir, the same settings, or --overwrite"
+            )
+        saved["benchmarks"][task.name] = new
+    _write_json_atomic(settings_path, saved)
+
+
+def _finished(records: list[dict], task: BenchmarkTask, samples_path: Path) -> dict[int, dict]:
+    done: dict[int, dict] = {}
+    for record in records:
+        if record["benchmark"] != task.name:
+            continue
+        index = record["index"]
+        if not isinstance(index, int) or index < 0:
+            raise EvalError(f"{samples_path}: {task.name} record has a bad index {index!r}")
+        if index >= len(task.problems) or index in done:
+            continue  # beyond this run's --limit (kept in the file), or a duplicate line
+        expected = task.problems[index].id
+        if record["id"] != expected:
+            raise EvalError(
+                f"{samples_path}: {task.name} problem {index} was recorded with id {record['id']!r} but the data "
+                f"now has {expected!r} there (the benchmark file changed); use another --output-dir or --overwrite"
+            )
+        if len(record["responses"]) != task.setting.num_samples:
+            raise EvalError(
+                f"{samples_path}: {task.name} problem {index} has {len(record['responses'])} responses, expected "
+                f"{task.setting.num_samples}"
+            )
+        done[index] = record
+    return done
+
+
+def _progress_bar(task: BenchmarkTask, initial: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=len(task.problems),
+        initial=initial,
+        desc=f"{task.name} ({task.setting.label})",
+        unit="problem",
+        file=sys.stderr,
+        disable=not enabled,
+        dynamic_ncols=True,
+        smoothing=0.1,
+    )
+
+
+def evaluate_benchmarks(
+    backend,
+    tokenizer,
+    tasks: Sequence[BenchmarkTask],
+    output_dir: str | os.PathLike,
+    *,
+    model_info: dict,
+    pool=None,
+    batch_size: int = 8,
+    pass_k: Sequence[int] = DEFAULT_PASS_K,
+    reward_workers: int = 2,
+    reward_timeout_s: float = 10.0,
+    overwrite: bool = False,
+    progress: bool = True,
+    protocol: str | None = None,
+    log: Callable[[str], None] = print,
+) -> EvalReport:
+    """Evaluate every task, resuming from ``output_dir/samples.jsonl``; ``EvalReport.results`` is ``results.json``.
+
+    ``backend`` is a rollout backend (``HFRollout``); ``pool`` a ``MathRewardPool`` (one with ``reward_workers``
+    workers and ``reward_timeout_s`` per item is started, and closed, when None).
+    """
+    from tepo.rewards import MathRewardPool
+
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise EvalError(f"batch size must be an integer >= 1, got {batch_size!r}")
+    names = [t.name for t in tasks]
+    if len(set(names)) != len(names):
+        raise EvalError(f"each benchmark may appear once, got {names}")
+    output_dir = Path(output_dir)
+    _prepare_output_dir(output_dir, model_info, tasks, overwrite)
+    samples_path = output_dir / SAMPLES_FILE
+    records = read_samples(samples_path, warn=log)
+
+    results_path = output_dir / RESULTS_FILE
+    results = {"model": model_info, "benchmarks": {}}
+    if results_path.exists():
+        try:
+            results["benchmarks"] = dict(json.loads(results_path.read_text(encoding="utf-8"))["benchmarks"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            log(f"{results_path}: unreadable, rewriting it from {SAMPLES_FILE}")
+    results["protocol"] = protocol
+
+    outcomes = []
+    with ExitStack() as stack:
+        for task in tasks:
+            done = _finished(records, task, samples_path)
+            todo = [i for i in range(len(task.problems)) if i not in done]
+            start = time.perf_counter()
+            if todo and pool is None:
+                pool = stack.enter_context(
+                    MathRewardPool(num_workers=reward_workers, timeout_s=reward_timeout_s)
+                )
+            bar = stack.enter_context(_progress_bar(task, len(done), progress))
+            correct = [r["num_correct"] / r["num_samples"] for r in done.values()]
+            batches: dict[int, list[int]] = {}
+            for i in todo:
+                batches.setdefault(i // batch_size, []).append(i)
+            for batch_index, indices in batches.items():
+                s = task.setting
+                scored = score_problems(
+                    backend,
+                    tokenizer,
+                    [task.problems[i] for i in indices],
+                    pool,
+                    instruction=s.instruction,
+                    num_samples=s.num_samples,
+                    greedy=s.greedy,
+                    max_new_tokens=s.max_new_tokens,
+                    temperature=s.temperature if not s.greedy else 1.0,
+                    top_p=s.top_p,
+                    seed=s.seed + batch_index,
+                    batch_prompts=batch_size,
+                    answer_format=s.answer_format,
+                )
+                new = [
+                    problem_record(task.name, i, result) for i, result in zip(indices, scored, strict=True)
+                ]
+                append_samples(samples_path, new)
+                for i, record in zip(indices, new):
+                    done[i] = record
+                    correct.append(record["num_correct"] / record["num_samples"])
+                bar.set_postfix(acc=f"{sum(correct) / len(correct):.3f}", refresh=False)
+                bar.update(len(new))
+            bar.close()
+            ordered = [done[i] for i in range(len(task.problems))]
+            metrics = benchmark_metrics(ordered, greedy=task.setting.greedy, pass_k=pass_k)
+            results["benchmarks"][task.name] = {
+                **metrics,
+                "source": task.source,
+                "settings": task.setting.as_dict(),
+            }
+            results["created"] = datetime.now(UTC).isoformat(timespec="seconds")
+            _write_json_atomic(results_path, results)
+            outcomes.append(
+                BenchmarkOutcome(
+                    task.name, metrics, len(todo), len(task.problems) - len(todo), time.perf_counter() - start
+                )
+            )
+    return EvalReport(results=results, outcomes=outcomes, output_dir=output_dir)
+
+
+def results_table(results: dict, names: Sequence[str] | None = None) -> str:
+    """The terminal table: one row per benchmark, the headline accuracy (greedy or avg@n) and pass@k columns."""
+    from tepo.report.tables import format_table
+
+    benches = results["benchmarks"]
+    names = [n for n in (names or list(benches)) if n in benches]
+    ks = sorted({int(k) for n in names for k in benches[n].get("pass@k", {})})
+    headers = [
+        "benchmark",
+        "setting",
+        "problems",
+        "accuracy",
+        *(f"pass@{k}" for k in ks),
+        "boxed",
+        "mean tokens",
+        "truncated",
+    ]
+    rows = []
+    for name in names:
+        m = benches[name]
+        settings = m.get("settings", {})
+        label = (
+            "greedy"
+            if settings.get("greedy", True)
+            else f"avg@{m.get('samples_per_problem')} T={settings['temperature']:g}"
+        )
+        passk = m.get("pass@k", {})
+        rows.append(
+            [
+                name,
+                label,
+                m.get("num_problems"),
+                _pct(m.get("accuracy")),
+                *(_pct(passk.get(str(k))) for k in ks),
+                _pct(m.get("boxed_rate")),
+                _num(m.get("mean_response_tokens")),
+                _pct(m.get("truncated_rate")),
+            ]
+        )
+    return format_table(headers, rows)
+
+
+def _pct(value) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
