@@ -67,7 +67,9 @@ def select_rollout_rows(batch: RolloutBatch, rows: Tensor) -> RolloutBatch:
     return picked
 
 
-def trim_columns(input_ids: Tensor, attention_mask: Tensor, response_len: int) -> tuple[Tensor, Tensor, int, slice]:
+def trim_columns(
+    input_ids: Tensor, attention_mask: Tensor, response_len: int
+) -> tuple[Tensor, Tensor, int, slice]:
     """Drop prompt columns that are padding in every row and response columns after every row's end.
 
     Returns the trimmed ids/mask, the new response length, and the slice of the original response columns kept

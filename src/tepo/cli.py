@@ -1,8 +1,8 @@
 """``tepo``: the command line.
 
-    tepo train [--config PRESET_OR_YAML] [key=value ...]     train (no arguments: the embedded default)
-    tepo train --resume RUN_DIR [key=value ...]              continue a run from its last intact checkpoint
-    tepo losses | estimators | presets                       what is registered
+tepo train [--config PRESET_OR_YAML] [key=value ...]     train (no arguments: the embedded default)
+tepo train --resume RUN_DIR [key=value ...]              continue a run from its last intact checkpoint
+tepo losses | estimators | presets                       what is registered
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 def _cmd_train(args) -> int:
     from tepo.config import load_config
-    from tepo.report import plot_training_curves, training_summary_table
     from tepo.metrics import read_metrics
+    from tepo.report import plot_training_curves, training_summary_table
     from tepo.train import resume, train
 
     if args.resume:
@@ -38,8 +38,9 @@ def _cmd_train(args) -> int:
         "greedy acc. before": (0, before.get("eval_greedy_accuracy")),
         "greedy acc. after": (result.steps_done, after.get("eval_greedy_accuracy")),
     }
-    png = plot_training_curves(rows, result.run_dir / "training_curves.png", title=str(result.run_dir.name),
-                               extra_points=marks)
+    png = plot_training_curves(
+        rows, result.run_dir / "training_curves.png", title=str(result.run_dir.name), extra_points=marks
+    )
     print()
     print(training_summary_table(result.summary))
     print(f"\nrun directory: {result.run_dir}\nplot: {png}\nmetrics: {result.run_dir / 'metrics.jsonl'}")
@@ -71,14 +72,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tepo", description="RLVR with TEPO and the GRPO family.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("train", help="train a policy (no arguments: the embedded default, a few minutes on CPU)")
+    p = sub.add_parser(
+        "train", help="train a policy (no arguments: the embedded default, a few minutes on CPU)"
+    )
     p.add_argument("--config", help="preset name (see `tepo presets`) or YAML path")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last intact checkpoint")
-    p.add_argument("--model", help="Hugging Face causal LM name or local path (default: embedded SmolLM2-135M)")
+    p.add_argument(
+        "--model", help="Hugging Face causal LM name or local path (default: embedded SmolLM2-135M)"
+    )
     p.add_argument("--data", help="JSONL/Parquet path, Hugging Face dataset name, or procedural task")
     p.add_argument("--output-dir", help="where run directories are created (default: runs)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. algorithm.loss=grpo train.steps=20")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="e.g. algorithm.loss=grpo train.steps=20"
+    )
     p.set_defaults(func=_cmd_train)
 
     sub.add_parser("losses", help="list the registered policy losses").set_defaults(func=_cmd_losses)

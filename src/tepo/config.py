@@ -18,7 +18,6 @@ from typing import Any
 
 import yaml
 
-
 DEFAULT_PRESET = "default"
 
 
@@ -101,7 +100,9 @@ class RewardConfig:
 
 @dataclass
 class EvalConfig:
-    source: str | None = None  # None: the held-out split of the training task (test split of a procedural task)
+    source: str | None = (
+        None  # None: the held-out split of the training task (test split of a procedural task)
+    )
     size: int = 48
     samples: int = 1  # sampled completions per problem for sampled accuracy (0: greedy only)
     temperature: float = 1.0
@@ -150,7 +151,9 @@ def _read_yaml(source: str) -> tuple[dict, str]:
     else:
         preset = resources.files("tepo.configs") / f"{path.stem}.yaml"
         if "/" in source or not preset.is_file():
-            raise ConfigError(f"config {source!r}: no such file or preset (presets: {', '.join(list_presets())})")
+            raise ConfigError(
+                f"config {source!r}: no such file or preset (presets: {', '.join(list_presets())})"
+            )
         text, where = preset.read_text(encoding="utf-8"), f"preset {path.stem}"
     try:
         data = yaml.safe_load(text) or {}
@@ -262,6 +265,12 @@ def _coerce(value: Any, hint) -> tuple[bool, Any]:
     if hint is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return True, float(value)
+        if isinstance(value, str):
+            # YAML 1.1 reads "1e-4" (no dot) as a string; accept any plain decimal/scientific number.
+            try:
+                return True, float(value)
+            except ValueError:
+                return False, None
         return False, None
     if hint is str:
         return isinstance(value, str), value
@@ -283,7 +292,7 @@ def _coerce(value: Any, hint) -> tuple[bool, Any]:
 
 def validate(config: RunConfig) -> list[str]:
     """Cross-field checks and registry look-ups; returns one message per problem (empty when valid)."""
-    from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
+    from tepo.advantages import ADVANTAGE_ESTIMATORS
     from tepo.losses import POLICY_LOSSES
 
     errors = []
@@ -309,7 +318,9 @@ def validate(config: RunConfig) -> list[str]:
     if c.reward.timeout_s <= 0:
         errors.append(f"reward.timeout_s: must be > 0, got {c.reward.timeout_s}")
     if c.reward.answer_format not in ("boxed", "boxed_or_last"):
-        errors.append(f"reward.answer_format: expected boxed or boxed_or_last, got {c.reward.answer_format!r}")
+        errors.append(
+            f"reward.answer_format: expected boxed or boxed_or_last, got {c.reward.answer_format!r}"
+        )
     if c.rollout.backend not in ("hf", "vllm"):
         errors.append(f"rollout.backend: expected hf or vllm, got {c.rollout.backend!r}")
     mini = c.train.mini_batch_prompts
@@ -327,7 +338,9 @@ def validate(config: RunConfig) -> list[str]:
 
     # Registry names and options: a dry call on a tiny batch catches unknown options now, not after model load.
     if c.algorithm.loss not in POLICY_LOSSES:
-        errors.append(f"algorithm.loss: unknown loss {c.algorithm.loss!r} (valid: {', '.join(sorted(POLICY_LOSSES))})")
+        errors.append(
+            f"algorithm.loss: unknown loss {c.algorithm.loss!r} (valid: {', '.join(sorted(POLICY_LOSSES))})"
+        )
     else:
         errors += _dry_run_loss(c.algorithm)
     if c.algorithm.advantage not in ADVANTAGE_ESTIMATORS:
@@ -336,7 +349,13 @@ def validate(config: RunConfig) -> list[str]:
             f"(valid: {', '.join(sorted(ADVANTAGE_ESTIMATORS))})"
         )
     else:
-        if c.rollout.group_size == 1 and c.algorithm.advantage in ("grpo", "dr_grpo", "rloo", "entropy_adv", "erpo"):
+        if c.rollout.group_size == 1 and c.algorithm.advantage in (
+            "grpo",
+            "dr_grpo",
+            "rloo",
+            "entropy_adv",
+            "erpo",
+        ):
             errors.append(
                 f"rollout.group_size is 1 but algorithm.advantage={c.algorithm.advantage!r} compares responses "
                 "within a group: every advantage would be 0. Use group_size >= 2."
@@ -382,7 +401,13 @@ def _dry_run_advantages(c: RunConfig) -> None:
         z = torch.zeros(g, 2)
         extra = {"entropy": z, "mask": torch.ones(g, 2), "logp": z, "ref_logp": z, "old_logp": z}
         extra = {k: v for k, v in extra.items() if k in _accepted(c.algorithm.advantage)}
-    compute_advantages(c.algorithm.advantage, torch.arange(g, dtype=torch.float32), g, **extra, **c.algorithm.advantage_options)
+    compute_advantages(
+        c.algorithm.advantage,
+        torch.arange(g, dtype=torch.float32),
+        g,
+        **extra,
+        **c.algorithm.advantage_options,
+    )
 
 
 def _accepted(name: str) -> set[str]:

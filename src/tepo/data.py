@@ -81,14 +81,18 @@ def _load_file(path: Path, problem_field: str, answer_field: str, id_field: str)
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as err:
-                raise DataError(f"{path}:{line_no}: not valid UTF-8 (byte {err.start}); expected UTF-8 JSON") from None
+                raise DataError(
+                    f"{path}:{line_no}: not valid UTF-8 (byte {err.start}); expected UTF-8 JSON"
+                ) from None
             if not text.strip():
                 continue
             try:
                 row = json.loads(text)
             except json.JSONDecodeError as err:
                 raise DataError(f"{path}:{line_no}: invalid JSON ({err.msg} at column {err.colno})") from None
-            problems.append(_row_to_problem(row, f"{path}:{line_no}", problem_field, answer_field, id_field, line_no))
+            problems.append(
+                _row_to_problem(row, f"{path}:{line_no}", problem_field, answer_field, id_field, line_no)
+            )
     return problems
 
 
@@ -128,7 +132,9 @@ def _load_hub(name: str, split: str, problem_field: str, answer_field: str, id_f
     ]
 
 
-def _row_to_problem(row, where: str, problem_field: str, answer_field: str, id_field: str, index: int) -> Problem:
+def _row_to_problem(
+    row, where: str, problem_field: str, answer_field: str, id_field: str, index: int
+) -> Problem:
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected a JSON object with fields {problem_field!r} and {answer_field!r}")
     fields = {}
@@ -140,7 +146,9 @@ def _row_to_problem(row, where: str, problem_field: str, answer_field: str, id_f
             )
         value = row[field]
         if isinstance(value, bool) or not isinstance(value, str | int | float):
-            raise DataError(f"{where}: field {field!r} must be a string or number, got {type(value).__name__}")
+            raise DataError(
+                f"{where}: field {field!r} must be a string or number, got {type(value).__name__}"
+            )
         value = str(value).strip()
         if not value:
             raise DataError(f"{where}: field {field!r} is empty")
@@ -154,7 +162,18 @@ def _row_to_problem(row, where: str, problem_field: str, answer_field: str, id_f
 # --------------------------------------------------------------------------------------------------------------
 
 _NAMES = ("Tom", "Mia", "Sam", "Ana", "Leo", "Zoe", "Ben", "Ivy", "Max", "Eva", "Raj", "Kim")
-_THINGS = ("apples", "pencils", "marbles", "books", "cookies", "stickers", "shells", "cards", "coins", "stamps")
+_THINGS = (
+    "apples",
+    "pencils",
+    "marbles",
+    "books",
+    "cookies",
+    "stickers",
+    "shells",
+    "cards",
+    "coins",
+    "stamps",
+)
 _BOXES = ("boxes", "bags", "baskets", "jars", "packs", "rows")
 
 
@@ -163,7 +182,10 @@ def _single_step(rng: random.Random) -> tuple[str, int]:
     a, b = rng.randint(1, 9), rng.randint(1, 9)
     if rng.random() < 0.5:
         return f"{name} has {a} {thing} and gets {b} more. How many {thing} does {name} have now?", a + b
-    return f"{name} has {a} {box} with {b} {thing} in each. How many {thing} does {name} have in total?", a * b
+    return (
+        f"{name} has {a} {box} with {b} {thing} in each. How many {thing} does {name} have in total?",
+        a * b,
+    )
 
 
 def _multi_step(rng: random.Random) -> tuple[str, int]:
@@ -181,7 +203,9 @@ def _multi_step(rng: random.Random) -> tuple[str, int]:
         text = f"{name} had {a} {thing}, found {b} more, then bought {c} {box} of 10. How many {thing} now?"
         return text, a + b + 10 * c
     a, b = rng.randint(12, 49), rng.randint(12, 49)
-    text = f"{name} has {a} {thing}. A friend has {b} more than {name}. How many {thing} do they have together?"
+    text = (
+        f"{name} has {a} {thing}. A friend has {b} more than {name}. How many {thing} do they have together?"
+    )
     return text, a + (a + b)
 
 
@@ -214,7 +238,9 @@ def make_arithmetic_problems(task: str, count: int, *, split: str = "train", see
 # --------------------------------------------------------------------------------------------------------------
 
 
-def build_prompt_ids(tokenizer, problems: Sequence[Problem], instruction: str = DEFAULT_INSTRUCTION) -> list[list[int]]:
+def build_prompt_ids(
+    tokenizer, problems: Sequence[Problem], instruction: str = DEFAULT_INSTRUCTION
+) -> list[list[int]]:
     """Chat-format each problem (user turn: problem + instruction) and tokenize, ready for the rollout."""
     out = []
     for problem in problems:

@@ -25,8 +25,15 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path, *, tensorboard: bool = False, wandb: bool = False, wandb_project: str = "tepo",
-                 config: dict | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool = False,
+        wandb: bool = False,
+        wandb_project: str = "tepo",
+        config: dict | None = None,
+    ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tb = None
@@ -42,8 +49,14 @@ class MetricsLog:
                 import wandb as wandb_module
             except ImportError as err:
                 raise RuntimeError("log.wandb needs `pip install 'tepo[wandb]'`") from err
-            self._wandb = wandb_module.init(project=wandb_project, dir=str(run_dir), config=config,
-                                            name=Path(run_dir).name, resume="allow", id=Path(run_dir).name)
+            self._wandb = wandb_module.init(
+                project=wandb_project,
+                dir=str(run_dir),
+                config=config,
+                name=Path(run_dir).name,
+                resume="allow",
+                id=Path(run_dir).name,
+            )
 
     def append(self, row: dict) -> None:
         clean = {key: _clean(value) for key, value in row.items()}

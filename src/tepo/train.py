@@ -74,14 +74,23 @@ def load_datasets(config: RunConfig) -> tuple[list[Problem], list[Problem]]:
     """Training and held-out problems, loaded (and validated) before any model is."""
     d = config.data
     train = load_problems(
-        d.source, problem_field=d.problem_field, answer_field=d.answer_field, split=d.split, limit=d.limit,
+        d.source,
+        problem_field=d.problem_field,
+        answer_field=d.answer_field,
+        split=d.split,
+        limit=d.limit,
         seed=config.train.seed,
     )
     if config.eval.size == 0:
         return train, []
     if config.eval.source:
-        held_out = load_problems(config.eval.source, problem_field=d.problem_field, answer_field=d.answer_field,
-                                 split="test", limit=config.eval.size)
+        held_out = load_problems(
+            config.eval.source,
+            problem_field=d.problem_field,
+            answer_field=d.answer_field,
+            split="test",
+            limit=config.eval.size,
+        )
     elif d.source in PROCEDURAL_TASKS:
         held_out = load_problems(d.source, split="test", limit=config.eval.size, seed=config.train.seed)
     else:
@@ -151,7 +160,9 @@ class Trainer:
             config.rollout.backend, self.model, self.tokenizer, autocast_bf16=config.rollout.autocast_bf16
         )
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.optim.lr, betas=config.optim.betas,
+            self.model.parameters(),
+            lr=config.optim.lr,
+            betas=config.optim.betas,
             weight_decay=config.optim.weight_decay,
         )
         total_updates = config.train.steps * updates_per_step(config)
@@ -174,7 +185,9 @@ class Trainer:
         }
 
     def save(self) -> Path:
-        return save_checkpoint(self.run_dir, self.step, self.model, self.state_dict(), self.config.train.keep_checkpoints)
+        return save_checkpoint(
+            self.run_dir, self.step, self.model, self.state_dict(), self.config.train.keep_checkpoints
+        )
 
     def restore(self) -> bool:
         checkpoint = find_latest_checkpoint(self.run_dir, warn=self.log)
@@ -198,8 +211,12 @@ class Trainer:
         r = self.config.rollout
         prompt_ids = build_prompt_ids(self.tokenizer, problems, self.config.data.instruction)
         return self.rollout.generate(
-            prompt_ids, num_samples=r.group_size, max_new_tokens=r.max_new_tokens, temperature=r.temperature,
-            top_p=r.top_p, seed=seed,
+            prompt_ids,
+            num_samples=r.group_size,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            seed=seed,
         )
 
     def collect(self, pool: MathRewardPool) -> tuple:
@@ -248,7 +265,9 @@ class Trainer:
         stats["reward_mean"] = float(first.mean())
         stats["reward_std"] = float(first.std()) if len(first) > 1 else 0.0
         stats["accuracy"] = float((first > 0.5).float().mean())
-        stats["frac_groups_dropped"] = stats["groups_dropped"] / stats["groups_total"] if stats["groups_total"] else 0.0
+        stats["frac_groups_dropped"] = (
+            stats["groups_dropped"] / stats["groups_total"] if stats["groups_total"] else 0.0
+        )
         if not kept_batches:
             return None, None, None, None, stats
         batch = concat_rollouts(kept_batches, self.rollout.pad_token_id)
@@ -256,14 +275,20 @@ class Trainer:
         limit = want * g  # DAPO: train on exactly the batch size when refills overshoot
         if len(rewards) > limit:
             rows = torch.arange(limit)
-            batch, rewards, kept_status = select_rollout_rows(batch, rows), rewards[:limit], kept_status[:limit]
+            batch, rewards, kept_status = (
+                select_rollout_rows(batch, rows),
+                rewards[:limit],
+                kept_status[:limit],
+            )
             kept_problems = kept_problems[:want]
         return batch, rewards, kept_status, kept_problems, stats
 
     # ---- log-prob passes ------------------------------------------------------------------------------------
 
     def _logprobs(self, model, batch, rows: torch.Tensor, *, entropy: bool, grad: bool):
-        ids, att, t, cols = trim_columns(batch.input_ids[rows], batch.attention_mask[rows], batch.response_len)
+        ids, att, t, cols = trim_columns(
+            batch.input_ids[rows], batch.attention_mask[rows], batch.response_len
+        )
         with torch.set_grad_enabled(grad), _autocast(self.config.model.autocast_bf16):
             logp, ent = response_logprobs(
                 model, ids, att, t, compute_entropy=entropy, temperature=self.config.rollout.temperature
@@ -288,7 +313,7 @@ class Trainer:
         c = self.config
         g = c.rollout.group_size
         step_start = time.perf_counter()
-        batch, rewards, statuses, problems, stats = self.collect(pool)
+        batch, rewards, _statuses, _problems, stats = self.collect(pool)
         row = {"step": self.step + 1, **stats}
         if batch is None:
             row.update(skipped_update=1, skip_reason="dynamic sampling kept no group")
@@ -297,7 +322,9 @@ class Trainer:
         mask = batch.response_mask
         lengths = mask.sum(1)
         row.update(
-            num_sequences=n, response_length_mean=float(lengths.mean()), response_length_max=float(lengths.max()),
+            num_sequences=n,
+            response_length_mean=float(lengths.mean()),
+            response_length_max=float(lengths.max()),
             frac_truncated=float(batch.truncated.float().mean()),
         )
 
@@ -341,14 +368,18 @@ class Trainer:
         n = batch.response_mask.shape[0]
         mask = batch.response_mask
         groups = n // g
-        mini = (c.train.mini_batch_prompts or c.train.prompts_per_step)
+        mini = c.train.mini_batch_prompts or c.train.prompts_per_step
         sums = defaultdict(float)
         weights = defaultdict(float)
         grad_norms, skipped, updates = [], 0, 0
         generator = torch.Generator().manual_seed(c.train.seed * 7919 + self.step)
         for _epoch in range(c.train.ppo_epochs):
             # verl/DAPO shuffle groups between epochs; one epoch keeps rollout order (no randomness needed).
-            order = torch.randperm(groups, generator=generator) if c.train.ppo_epochs > 1 else torch.arange(groups)
+            order = (
+                torch.randperm(groups, generator=generator)
+                if c.train.ppo_epochs > 1
+                else torch.arange(groups)
+            )
             for group_ids in order.split(mini):
                 rows = (group_ids[:, None] * g + torch.arange(g)).reshape(-1)
                 num_tokens = float(mask[rows].sum().clamp(min=1))
@@ -363,16 +394,25 @@ class Trainer:
                     old_ent = ent.detach() if old_entropy is None else old_entropy[micro][:, cols]
                     ref = None if ref_logp is None else ref_logp[micro][:, cols]
                     loss, metrics = compute_policy_loss(
-                        c.algorithm.loss, logp=logp, old_logp=old, advantages=adv, mask=m, ref_logp=ref,
-                        entropy=ent, old_entropy=old_ent, num_tokens=num_tokens, num_seqs=float(len(rows)),
-                        max_len=float(c.rollout.max_new_tokens), **self.loss_options,
+                        c.algorithm.loss,
+                        logp=logp,
+                        old_logp=old,
+                        advantages=adv,
+                        mask=m,
+                        ref_logp=ref,
+                        entropy=ent,
+                        old_entropy=old_ent,
+                        num_tokens=num_tokens,
+                        num_seqs=float(len(rows)),
+                        max_len=float(c.rollout.max_new_tokens),
+                        **self.loss_options,
                     )
                     if not torch.isfinite(loss):
                         finite = False
                         break
                     loss.backward()
                     tokens = float(m.sum())
-                    sums["loss"] += float(loss)
+                    sums["loss"] += float(loss.detach())
                     for key, value in metrics.items():
                         if isinstance(value, int | float) and key != "loss":
                             sums[key] += value * tokens
@@ -404,14 +444,24 @@ class Trainer:
         if not self.eval_problems:
             return {}
         max_new = e.max_new_tokens or r.max_new_tokens
-        common = dict(instruction=self.config.data.instruction, max_new_tokens=max_new, seed=10_000 + self.config.train.seed)
+        common = dict(
+            instruction=self.config.data.instruction,
+            max_new_tokens=max_new,
+            seed=10_000 + self.config.train.seed,
+        )
         start = time.perf_counter()
         greedy = score_problems(self.rollout, self.tokenizer, self.eval_problems, pool, greedy=True, **common)
         out = {"eval_greedy_accuracy": accuracy(greedy)}
         if e.samples:
             sampled = score_problems(
-                self.rollout, self.tokenizer, self.eval_problems, pool, num_samples=e.samples,
-                temperature=e.temperature, top_p=r.top_p, **common,
+                self.rollout,
+                self.tokenizer,
+                self.eval_problems,
+                pool,
+                num_samples=e.samples,
+                temperature=e.temperature,
+                top_p=r.top_p,
+                **common,
             )
             out["eval_sampled_accuracy"] = accuracy(sampled)
         out["eval_seconds"] = time.perf_counter() - start
@@ -424,16 +474,26 @@ class Trainer:
 
         c = self.config
         resumed = self.restore()
-        metrics_log = MetricsLog(self.run_dir, tensorboard=c.log.tensorboard, wandb=c.log.wandb,
-                                 wandb_project=c.log.wandb_project, config=c.to_dict())
+        metrics_log = MetricsLog(
+            self.run_dir,
+            tensorboard=c.log.tensorboard,
+            wandb=c.log.wandb,
+            wandb_project=c.log.wandb_project,
+            config=c.to_dict(),
+        )
         before_path = self.run_dir / EVAL_BEFORE
         try:
-            with MathRewardPool(num_workers=c.reward.num_workers, timeout_s=c.reward.timeout_s,
-                                answer_format=c.reward.answer_format) as pool:
+            with MathRewardPool(
+                num_workers=c.reward.num_workers,
+                timeout_s=c.reward.timeout_s,
+                answer_format=c.reward.answer_format,
+            ) as pool:
                 if before_path.exists():
                     before = json.loads(before_path.read_text())
                 else:
-                    self.log(f"evaluating the initial policy on {len(self.eval_problems)} held-out problems...")
+                    self.log(
+                        f"evaluating the initial policy on {len(self.eval_problems)} held-out problems..."
+                    )
                     before = self.evaluate(pool)
                     before_path.write_text(json.dumps(before))
                 progress = _progress(c, initial=self.step)
@@ -446,12 +506,16 @@ class Trainer:
                             row.update(self.evaluate(pool))
                         row["reward_timeouts_total"] = pool.stats.timeouts
                         metrics_log.append(row)
-                        if c.train.save_every and (self.step % c.train.save_every == 0 or self.step == c.train.steps):
+                        if c.train.save_every and (
+                            self.step % c.train.save_every == 0 or self.step == c.train.steps
+                        ):
                             self.save()
                         progress.update(1)
-                        progress.set_postfix(reward=f"{row['reward_mean']:.2f}",
-                                             entropy=f"{row.get('entropy_mean', float('nan')):.2f}",
-                                             s_per_step=f"{row.get('step_seconds', 0):.1f}")
+                        progress.set_postfix(
+                            reward=f"{row['reward_mean']:.2f}",
+                            entropy=f"{row.get('entropy_mean', float('nan')):.2f}",
+                            s_per_step=f"{row.get('step_seconds', 0):.1f}",
+                        )
                 finally:
                     progress.close()
                 self.log("evaluating the trained policy...")
@@ -479,8 +543,15 @@ class Trainer:
 def _progress(config: RunConfig, initial: int):
     from tqdm.auto import tqdm
 
-    return tqdm(total=config.train.steps, initial=initial, desc="train", unit="step",
-                disable=not config.log.progress, file=sys.stderr, dynamic_ncols=True)
+    return tqdm(
+        total=config.train.steps,
+        initial=initial,
+        desc="train",
+        unit="step",
+        disable=not config.log.progress,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
 
 
 def summarize(run_dir: Path, before: dict, after: dict) -> dict:

