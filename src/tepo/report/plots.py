@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 CURVES = (
@@ -24,7 +25,9 @@ def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return xs, ys
 
 
-def plot_training_curves(rows: list[dict], out_png: Path, *, title: str = "", extra_points: dict | None = None) -> Path:
+def plot_training_curves(
+    rows: list[dict], out_png: Path, *, title: str = "", extra_points: dict | None = None
+) -> Path:
     """One panel per metric, step on the x axis. ``extra_points``: {label: (step, accuracy)} marks on panel 1."""
     import matplotlib
 
@@ -51,5 +54,210 @@ def plot_training_curves(rows: list[dict], out_png: Path, *, title: str = "", ex
         fig.suptitle(title)
     out_png = Path(out_png)
     fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Comparisons: one line per method (mean over seeds), the seeds' range shaded
+# --------------------------------------------------------------------------------------------------------------
+
+COMPARISON_CURVES = (
+    ("reward_mean", "batch reward (mean)"),
+    ("accuracy", "batch accuracy"),
+    ("entropy_mean", "token entropy (nats)"),
+    ("grad_norm", "gradient norm (pre-clip)"),
+    ("clip_frac_low", "clip fraction (low)"),
+    ("clip_frac_high", "clip fraction (high)"),
+    ("approx_kl", "approx. KL old->new (k3)"),
+    ("response_length_mean", "response length (tokens)"),
+    ("step_seconds", "seconds per step"),
+)
+METRIC_FIGSIZE = (5.0, 3.2)  # inches; at METRIC_DPI a per-metric PNG is 500 x 320 pixels
+METRIC_DPI = 100
+GRID_DPI = 90
+
+
+def seed_band(
+    runs: list[list[dict]], key: str
+) -> tuple[list[int], list[float], list[float], list[float], list[int]]:
+    """Per step: mean, min and max of ``key`` over the seeds that logged it, and how many did.
+
+    Steps are aligned by their number; a step some seeds did not log (shorter or unfinished run) averages the rest.
+    """
+    by_step: dict[int, list[float]] = {}
+    for rows in runs:
+        xs, ys = _series(rows, key)
+        for x, y in zip(xs, ys):
+            by_step.setdefault(int(x), []).append(y)
+    steps = sorted(by_step)
+    vals = [by_step[s] for s in steps]
+    return (
+        steps,
+        [sum(v) / len(v) for v in vals],
+        [min(v) for v in vals],
+        [max(v) for v in vals],
+        [len(v) for v in vals],
+    )
+
+
+def _draw_band(ax, runs_by_method: dict[str, list[list[dict]]], key: str, label: str) -> bool:
+    drawn = False
+    for index, (method, runs) in enumerate(runs_by_method.items()):
+        steps, mean, low, high, _ = seed_band(runs, key)
+        if not steps:
+            continue
+        colour = f"C{index % 10}"
+        ax.plot(
+            steps,
+            mean,
+            color=colour,
+            linewidth=1.6,
+            marker="o",
+            markersize=2.5,
+            label=f"{method} ({len(runs)} seed{'s' if len(runs) != 1 else ''})",
+        )
+        if len(runs) > 1:
+            ax.fill_between(steps, low, high, color=colour, alpha=0.2, linewidth=0)
+        drawn = True
+    if not drawn:
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+    ax.set_title(label, fontsize=10)
+    ax.set_xlabel("step", fontsize=8)
+    ax.tick_params(labelsize=8)
+    ax.grid(alpha=0.3)
+    return drawn
+
+
+def plot_metric_by_method(
+    runs_by_method: dict[str, list[list[dict]]], key: str, label: str, out_png: Path
+) -> Path:
+    """One metric: mean over seeds per method, shaded from the seeds' min to max. 500 x 320 pixels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=METRIC_FIGSIZE, constrained_layout=True)
+    if _draw_band(ax, runs_by_method, key, label):
+        ax.legend(fontsize=7, loc="best")
+    out_png = Path(out_png)
+    fig.savefig(out_png, dpi=METRIC_DPI)
+    plt.close(fig)
+    return out_png
+
+
+def plot_comparison_grid(
+    runs_by_method: dict[str, list[list[dict]]], out_png: Path, *, title: str = "", curves=COMPARISON_CURVES
+) -> Path:
+    """All metrics in a 3-column grid (for a README); each panel as in :func:`plot_metric_by_method`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = math.ceil(len(curves) / 3)
+    fig, axes = plt.subplots(rows, 3, figsize=(13, 3.2 * rows), constrained_layout=True, squeeze=False)
+    for ax, (key, label) in zip(axes.flat, curves):
+        _draw_band(ax, runs_by_method, key, label)
+    for ax in list(axes.flat)[len(curves) :]:
+        ax.axis("off")
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=9)
+    if title:
+        fig.suptitle(title)
+    out_png = Path(out_png)
+    fig.savefig(out_png, dpi=GRID_DPI)
+    plt.close(fig)
+    return out_png
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The token view as a PNG (the HTML report has the same view as coloured text)
+# --------------------------------------------------------------------------------------------------------------
+
+TOKEN_FIG_WIDTH_IN = 10.0
+TOKEN_DPI = 100
+_CHARS_PER_LINE = 96
+_LINE_IN = 0.19
+
+
+def _wrap_tokens(tokens: list[str]) -> list[list[tuple[int, int, str]]]:
+    """Lay tokens out on lines of ``_CHARS_PER_LINE`` monospace cells: [(token index, column, text)] per line."""
+    from tepo.report.tokens import visible_token
+
+    lines: list[list[tuple[int, int, str]]] = [[]]
+    col = 0
+    for i, token in enumerate(tokens):
+        text = visible_token(token) or "\u00b7"
+        text = text[:_CHARS_PER_LINE]
+        if col + len(text) > _CHARS_PER_LINE and col > 0:
+            lines.append([])
+            col = 0
+        lines[-1].append((i, col, text))
+        col += len(text)
+    return lines
+
+
+def token_figure_height(samples: list[dict]) -> float:
+    """Height in inches of :func:`plot_token_view` for these samples (two coloured copies of each sample)."""
+    lines = sum(2 * len(_wrap_tokens(s["tokens"])) + 2 for s in samples)
+    return max(1.5, 0.6 + _LINE_IN * lines)
+
+
+def plot_token_view(samples: list[dict], out_png: Path, *, title: str = "") -> Path:
+    """Each sample twice: tokens shaded by entropy (white -> red), then by advantage (blue - white - green).
+
+    1000 pixels wide; the height grows with the text (:func:`token_figure_height`).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    from tepo.report.tokens import advantage_colour, colour_scales, entropy_colour
+
+    ent_high, adv_scale = colour_scales(samples) if samples else (1.0, 1.0)
+    height = token_figure_height(samples)
+    fig = plt.figure(figsize=(TOKEN_FIG_WIDTH_IN, height))
+    ax = fig.add_axes((0.01, 0.01, 0.98, 0.98))
+    ax.set_xlim(0, _CHARS_PER_LINE + 2)
+    total_lines = (height - 0.6) / _LINE_IN
+    ax.set_ylim(total_lines + 2, 0)
+    ax.axis("off")
+    y = 0.0
+    if title:
+        fig.suptitle(title, fontsize=10, y=0.999, va="top")
+    for index, sample in enumerate(samples):
+        y += 1
+        ax.text(
+            0,
+            y,
+            f"sample {index + 1} (row {sample.get('row', '?')}, reward {sample.get('reward')})  "
+            f"entropy: white 0 -> red {ent_high:.2f}+ nats;  advantage: blue -{adv_scale:.2f} .. "
+            f"green +{adv_scale:.2f}",
+            fontsize=7,
+            va="center",
+            color="#333",
+        )
+        y += 1
+        for values, colour, scale in (
+            (sample["entropy"], entropy_colour, ent_high),
+            (sample["advantage"], advantage_colour, adv_scale),
+        ):
+            for line in _wrap_tokens(sample["tokens"]):
+                for i, col, text in line:
+                    rgb = colour(values[i], scale)
+                    ax.add_patch(
+                        Rectangle(
+                            (col + 1, y - 0.45), len(text), 0.9, color=[c / 255 for c in rgb], linewidth=0
+                        )
+                    )
+                    ax.text(col + 1, y, text, fontsize=6.5, family="monospace", va="center", ha="left")
+                y += 1
+    out_png = Path(out_png)
+    fig.savefig(out_png, dpi=TOKEN_DPI)
     plt.close(fig)
     return out_png

@@ -29,9 +29,16 @@ def training_summary_table(summary: dict) -> str:
     before, after = summary.get("before", {}), summary.get("after", {})
     rows = [
         ["held-out greedy accuracy", before.get("eval_greedy_accuracy"), after.get("eval_greedy_accuracy")],
-        ["held-out sampled accuracy", before.get("eval_sampled_accuracy"), after.get("eval_sampled_accuracy")],
-        ["batch reward (first / last third of steps)", summary.get("reward_first_third"),
-         summary.get("reward_last_third")],
+        [
+            "held-out sampled accuracy",
+            before.get("eval_sampled_accuracy"),
+            after.get("eval_sampled_accuracy"),
+        ],
+        [
+            "batch reward (first / last third of steps)",
+            summary.get("reward_first_third"),
+            summary.get("reward_last_third"),
+        ],
         ["mean token entropy (first / last step)", summary.get("entropy_first"), summary.get("entropy_last")],
     ]
     table = format_table(["metric", "before", "after"], rows)

@@ -1,0 +1,36 @@
+"""Fair side-by-side comparisons: every method x seed under identical settings, and the table with intervals.
+
+- ``tepo.compare.runner``: plan (``plan_comparison``), run/reuse/resume (``run_comparison``), discover runs,
+- ``tepo.compare.table``: the comparison table (``build_table``, ``render_markdown``, ``render_terminal``),
+- ``tepo.compare.stats``: the percentile bootstrap over seeds,
+- ``tepo.compare.tasks``: ``arithmetic-mix``, the default comparison task.
+"""
+
+from tepo.compare.runner import (
+    ComparisonPlan,
+    RunSpec,
+    discover_runs,
+    parse_methods,
+    parse_seeds,
+    plan_comparison,
+    run_comparison,
+)
+from tepo.compare.stats import Interval, bootstrap_interval
+from tepo.compare.table import build_table, render_markdown, render_terminal, steps_to_threshold, write_table
+
+__all__ = [
+    "ComparisonPlan",
+    "Interval",
+    "RunSpec",
+    "bootstrap_interval",
+    "build_table",
+    "discover_runs",
+    "parse_methods",
+    "parse_seeds",
+    "plan_comparison",
+    "render_markdown",
+    "render_terminal",
+    "run_comparison",
+    "steps_to_threshold",
+    "write_table",
+]

@@ -1,0 +1,425 @@
+"""Plan and run a comparison: every method x seed under identical settings, reusing finished runs.
+
+Layout of a comparison directory::
+
+    <comparison_dir>/comparison.json        the plan: methods, seeds, base config, overrides, fairness checks
+    <comparison_dir>/<method>/seed<k>/      one ordinary run directory per method and seed
+    <comparison_dir>/table.md, table.json   the comparison table (``tepo.compare.table``)
+
+What "identical settings" means here, and how it is checked:
+
+- Every run is built from the same base config (``--config``) and the same ``key=value`` overrides; a method
+  contributes only ``algorithm.loss`` / ``algorithm.loss_options`` (a loss name), or, for a preset name such as
+  ``tepo_kl``, the keys that preset changes relative to the ``default`` preset. Keys outside ``algorithm`` that a
+  preset changes (``tepo_v2_kl_mask`` sets ``train.ppo_epochs``) are listed in ``comparison.json`` and the table
+  notes, because they make the comparison about more than the loss.
+- The trainer draws the training problems and their order from ``train.seed`` only (``load_problems`` and
+  ``PromptStream``), and sampling seeds from ``(train.seed, step, round)``; so runs with the same seed see the
+  same prompts in the same order whatever the loss, and step 1's samples are identical (same initial policy,
+  same sampling seed). Later samples differ because the policies do. ``plan_comparison`` recomputes the prompt
+  schedule of every run from the trainer's own data functions and records its digest: equal digests per seed
+  are the check.
+- Where it cannot hold: with ``algorithm.dynamic_sampling`` a step draws extra prompt batches when groups are
+  dropped, and how many depends on the rewards, so the prompt stream diverges across methods after the first
+  refill. The digest then covers only the first draw of each step and the plan says so.
+- The held-out evaluation before training depends only on the initial model, the held-out set and the seed, not
+  on the loss: it is computed once per seed and copied into the other methods' runs (``eval_before.json``, which
+  the trainer reuses when present), saving one evaluation per extra method.
+
+Reuse: a run with ``summary.json`` is finished and reused (its saved config must equal the planned one); a run
+with a config but no summary was interrupted and is resumed from its last intact checkpoint
+(``tepo.train.resume``); without an intact checkpoint its partial metrics are moved aside and it restarts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tepo.config import ConfigError, RunConfig, list_presets, load_config
+
+PLAN_FILE = "comparison.json"
+# Sections/keys that may differ between the runs of one comparison without making them unfair.
+_PER_RUN_KEYS = {"train.seed", "train.run_name", "train.output_dir"}
+# Keys that do not change what the initial policy scores on the held-out set.
+_NOT_EVAL_KEYS_PREFIX = ("algorithm.", "optim.", "log.")
+_NOT_EVAL_KEYS = {
+    "train.steps",
+    "train.run_name",
+    "train.output_dir",
+    "train.save_every",
+    "train.keep_checkpoints",
+    "train.max_bad_steps",
+    "train.ppo_epochs",
+    "train.mini_batch_prompts",
+    "train.micro_batch_size",
+    "train.prompts_per_step",
+    "rollout.group_size",
+    "rollout.temperature",
+}
+
+
+@dataclass
+class RunSpec:
+    method: str
+    seed: int
+    run_dir: Path
+    config: RunConfig
+
+
+@dataclass
+class ComparisonPlan:
+    directory: Path
+    methods: list[str]
+    seeds: list[int]
+    base_config: str
+    overrides: list[str]
+    runs: list[RunSpec]
+    method_changes: dict[str, dict] = field(default_factory=dict)  # method -> {dotted key: value} vs the base
+    prompt_digests: dict[str, dict[str, str]] = field(default_factory=dict)  # seed -> method -> digest
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "methods": self.methods,
+            "seeds": self.seeds,
+            "base_config": self.base_config,
+            "overrides": self.overrides,
+            "runs": {m: {str(s): f"{m}/seed{s}" for s in self.seeds} for m in self.methods},
+            "method_changes": self.method_changes,
+            "prompt_digests": self.prompt_digests,
+            "notes": self.notes,
+        }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Planning
+# --------------------------------------------------------------------------------------------------------------
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"3"`` -> ``[0, 1, 2]``; ``"0,4,7"`` -> ``[0, 4, 7]``."""
+    text = str(text).strip()
+    try:
+        if "," not in text:
+            count = int(text)
+            if count < 1:
+                raise ValueError
+            return list(range(count))
+        seeds = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(
+            f"--seeds {text!r}: expected a count >= 1 (e.g. 3) or a comma list of seeds (e.g. 0,1,2)"
+        ) from None
+    if len(set(seeds)) != len(seeds) or not seeds:
+        raise ConfigError(f"--seeds {text!r}: seeds must be distinct and at least one")
+    return seeds
+
+
+def parse_methods(text: str) -> list[str]:
+    methods = [m.strip() for m in str(text).split(",") if m.strip()]
+    if not methods:
+        raise ConfigError("--losses: expected a comma list of losses or presets, e.g. grpo,tepo")
+    if len(set(methods)) != len(methods):
+        raise ConfigError(f"--losses {text!r}: a method is listed twice")
+    return methods
+
+
+def _flat(config: RunConfig) -> dict:
+    """``{"section.key": value}``; dict-valued options (``loss_options``) stay whole."""
+    return {
+        f"{section}.{key}": value
+        for section, fields in config.to_dict().items()
+        for key, value in fields.items()
+    }
+
+
+def _override(key: str, value) -> str:
+    # JSON is YAML, so the config loader parses this back to the same value (lists for tuples).
+    return f"{key}={json.dumps(list(value) if isinstance(value, tuple) else value)}"
+
+
+def method_overrides(method: str) -> dict:
+    """What a ``--losses`` entry changes: a preset's keys that differ from ``default``, or a loss name."""
+    from tepo.losses import POLICY_LOSSES
+
+    presets = set(list_presets())
+    if method in presets and method != "default":
+        preset, default = _flat(load_config(method)), _flat(load_config("default"))
+        changes = {k: v for k, v in preset.items() if default.get(k) != v}
+        # The loss's own options belong to the loss: always taken from the method, never from the base config.
+        changes["algorithm.loss"] = preset["algorithm.loss"]
+        changes["algorithm.loss_options"] = preset["algorithm.loss_options"]
+        return changes
+    if method in POLICY_LOSSES:
+        return {"algorithm.loss": method, "algorithm.loss_options": {}}
+    raise ConfigError(
+        f"--losses: {method!r} is neither a registered loss ({', '.join(sorted(POLICY_LOSSES))}) "
+        f"nor a preset ({', '.join(sorted(presets - {'default'}))})"
+    )
+
+
+def _prepare_data(config_source: str, overrides: list[str], directory: Path) -> list[str]:
+    """``arithmetic-mix`` as files while ``tepo.data`` does not know the name (see ``tepo.compare.tasks``)."""
+    from tepo.compare.tasks import TASK_NAME, write_task_files
+    from tepo.data import PROCEDURAL_TASKS
+
+    probe = load_config(config_source, overrides)
+    if probe.data.source != TASK_NAME or TASK_NAME in PROCEDURAL_TASKS:
+        return []
+    data_dir = (directory / "data" / TASK_NAME).resolve()
+    train_path, test_path = data_dir / "train.jsonl", data_dir / "test.jsonl"
+    if not (train_path.exists() and test_path.exists()):
+        write_task_files(data_dir, seed=0, test_count=max(200, probe.eval.size))
+    return [f"data.source={json.dumps(str(train_path))}", f"eval.source={json.dumps(str(test_path))}"]
+
+
+def prompt_schedule_digest(config: RunConfig) -> str:
+    """SHA-256 of the problems the trainer will draw, step by step (first draw of each step), for this config.
+
+    Uses the trainer's own ``load_datasets`` and ``PromptStream``, so it is the schedule the run will follow.
+    """
+    from tepo.data import PromptStream
+    from tepo.train import load_datasets
+
+    train_problems, held_out = load_datasets(config)
+    stream = PromptStream(train_problems, seed=config.train.seed)
+    digest = hashlib.sha256()
+    for _ in range(config.train.steps):
+        for problem in stream.take(config.train.prompts_per_step):
+            digest.update(f"{problem.problem}\x00{problem.answer}\x01".encode())
+    for problem in held_out:
+        digest.update(f"H{problem.problem}\x00{problem.answer}\x01".encode())
+    return digest.hexdigest()[:16]
+
+
+def plan_comparison(
+    directory: Path,
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    config: str | None = None,
+    overrides: Sequence[str] = (),
+    check_prompts: bool = True,
+) -> ComparisonPlan:
+    """Resolve every run's config (validated now, before any training) and check the settings are identical."""
+    directory = Path(directory)
+    base = config or "compare_default"
+    overrides = list(overrides)
+    for item in overrides:
+        key = item.split("=", 1)[0].strip()
+        if key in ("train.seed", "algorithm.loss"):
+            raise ConfigError(f"override {item!r}: {key} is set by tepo compare (use --seeds / --losses)")
+    data_overrides = _prepare_data(base, overrides, directory)
+    plan = ComparisonPlan(directory, list(methods), list(seeds), base, overrides, [])
+    base_flat = _flat(load_config(base, overrides))
+    for method in methods:
+        changes = method_overrides(method)
+        plan.method_changes[method] = changes
+        outside = {k: v for k, v in changes.items() if not k.startswith("algorithm.")}
+        if outside:
+            plan.notes.append(
+                f"{method} also changes {', '.join(f'{k}={v!r}' for k, v in sorted(outside.items()))} "
+                "(set by its preset): its rows differ from the others in more than the algorithm"
+            )
+        for seed in seeds:
+            run_dir = directory / method / f"seed{seed}"
+            items = (
+                [_override(k, v) for k, v in changes.items()]
+                + data_overrides
+                + overrides
+                + [
+                    f"train.seed={seed}",
+                    f"train.output_dir={json.dumps(str(directory / method))}",
+                    f"train.run_name=seed{seed}",
+                ]
+            )
+            try:
+                run_config = load_config(base, items)
+            except ConfigError as err:
+                raise ConfigError(f"method {method!r}, seed {seed}: {err}") from None
+            plan.runs.append(RunSpec(method, seed, run_dir, run_config))
+    _check_identical(plan, base_flat)
+    if check_prompts:
+        for seed in seeds:
+            specs = [r for r in plan.runs if r.seed == seed]
+            plan.prompt_digests[str(seed)] = {r.method: prompt_schedule_digest(r.config) for r in specs}
+            if len(set(plan.prompt_digests[str(seed)].values())) > 1:
+                plan.notes.append(
+                    f"seed {seed}: the methods' prompt schedules differ ({plan.prompt_digests[str(seed)]}); "
+                    "a preset changed the data or batch settings"
+                )
+    if any(r.config.algorithm.dynamic_sampling for r in plan.runs):
+        plan.notes.append(
+            "dynamic sampling is on for some runs: extra prompt batches are drawn when groups are dropped, so the "
+            "prompt stream diverges between methods after the first refill (the digests cover the first draw of "
+            "each step only)"
+        )
+    return plan
+
+
+def _check_identical(plan: ComparisonPlan, base_flat: dict) -> None:
+    """Every run equals the base outside the algorithm section and its own method's declared changes."""
+    for run in plan.runs:
+        flat = _flat(run.config)
+        allowed = set(plan.method_changes[run.method]) | _PER_RUN_KEYS | {"data.source", "eval.source"}
+        stray = {
+            k
+            for k, v in flat.items()
+            if k not in allowed and base_flat.get(k) != v and not k.startswith("algorithm.")
+        }
+        if stray:  # pragma: no cover - only reachable if config loading itself changed keys behind our back
+            raise ConfigError(f"{run.run_dir}: settings differ from the base config in {sorted(stray)}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RunOutcome:
+    spec: RunSpec
+    action: str  # "reused" | "resumed" | "restarted" | "trained"
+    seconds: float
+
+
+def run_state(run_dir: Path) -> str:
+    """``finished`` (summary.json), ``interrupted`` (config.yaml, no summary) or ``new``."""
+    run_dir = Path(run_dir)
+    if (run_dir / "summary.json").exists():
+        return "finished"
+    if (run_dir / "config.yaml").exists():
+        return "interrupted"
+    return "new"
+
+
+def _config_differences(saved: RunConfig, planned: RunConfig) -> list[str]:
+    a, b = _flat(saved), _flat(planned)
+    ignore = {"log.progress"}
+    return sorted(k for k in a.keys() | b.keys() if k not in ignore and a.get(k) != b.get(k))
+
+
+def _eval_key(config: RunConfig) -> str:
+    flat = _flat(config)
+    kept = {
+        k: v for k, v in flat.items() if not k.startswith(_NOT_EVAL_KEYS_PREFIX) and k not in _NOT_EVAL_KEYS
+    }
+    return json.dumps(kept, sort_keys=True, default=str)
+
+
+def _share_eval_before(plan: ComparisonPlan, spec: RunSpec) -> None:
+    """Copy an identical run's ``eval_before.json`` into ``spec.run_dir`` (see the module docstring)."""
+    from tepo.train import EVAL_BEFORE
+
+    target = spec.run_dir / EVAL_BEFORE
+    if target.exists():
+        return
+    key = _eval_key(spec.config)
+    for other in plan.runs:
+        source = other.run_dir / EVAL_BEFORE
+        if (
+            other is not spec
+            and other.seed == spec.seed
+            and source.exists()
+            and _eval_key(other.config) == key
+        ):
+            spec.run_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+            return
+
+
+def run_one(
+    plan: ComparisonPlan, spec: RunSpec, *, train_fn: Callable, resume_fn: Callable, log=print
+) -> RunOutcome:
+    from tepo.checkpoint import find_latest_checkpoint
+
+    start = time.perf_counter()
+    state = run_state(spec.run_dir)
+    if state != "new":
+        saved = load_config(str(spec.run_dir / "config.yaml"))
+        diffs = _config_differences(saved, spec.config)
+        if diffs:
+            raise ConfigError(
+                f"{spec.run_dir} holds a run with different settings ({', '.join(diffs)}); "
+                "move it away or use another comparison directory"
+            )
+    if state == "finished":
+        return RunOutcome(spec, "reused", 0.0)
+    if state == "interrupted":
+        if find_latest_checkpoint(spec.run_dir, warn=log) is not None:
+            log(f"[compare] resuming {spec.run_dir}")
+            resume_fn(spec.run_dir)
+            return RunOutcome(spec, "resumed", time.perf_counter() - start)
+        # No intact checkpoint: the run restarts from step 0; keep its partial log, out of the way.
+        metrics = spec.run_dir / "metrics.jsonl"
+        if metrics.exists():
+            aside = spec.run_dir / f"metrics.restarted-{int(time.time())}.jsonl"
+            metrics.rename(aside)
+            log(
+                f"[compare] {spec.run_dir}: no intact checkpoint; restarting (partial metrics kept in {aside.name})"
+            )
+        _share_eval_before(plan, spec)
+        train_fn(spec.config, run_dir=spec.run_dir)
+        return RunOutcome(spec, "restarted", time.perf_counter() - start)
+    _share_eval_before(plan, spec)
+    log(f"[compare] training {spec.method} seed {spec.seed} -> {spec.run_dir}")
+    train_fn(spec.config, run_dir=spec.run_dir)
+    return RunOutcome(spec, "trained", time.perf_counter() - start)
+
+
+def write_plan(plan: ComparisonPlan) -> Path:
+    plan.directory.mkdir(parents=True, exist_ok=True)
+    path = plan.directory / PLAN_FILE
+    path.write_text(json.dumps(plan.to_dict(), indent=2, default=str))
+    return path
+
+
+def run_comparison(
+    plan: ComparisonPlan, *, train_fn: Callable | None = None, resume_fn: Callable | None = None, log=print
+) -> list[RunOutcome]:
+    """Run (or reuse/resume) every run of the plan, seed by seed so an interrupted comparison stays balanced."""
+    if train_fn is None or resume_fn is None:
+        from tepo import train as train_module
+
+        train_fn = train_fn or train_module.train
+        resume_fn = resume_fn or train_module.resume
+    write_plan(plan)
+    outcomes = []
+    for seed in plan.seeds:
+        for spec in (r for r in plan.runs if r.seed == seed):
+            outcomes.append(run_one(plan, spec, train_fn=train_fn, resume_fn=resume_fn, log=log))
+    return outcomes
+
+
+def load_plan(directory: Path) -> dict | None:
+    path = Path(directory) / PLAN_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path}: invalid JSON ({err.msg}); delete it to re-plan") from None
+
+
+def discover_runs(directory: Path) -> dict[str, dict[int, Path]]:
+    """``{method: {seed: run_dir}}`` of a comparison directory (from its plan, else from ``*/seed*/`` folders)."""
+    directory = Path(directory)
+    plan = load_plan(directory)
+    runs: dict[str, dict[int, Path]] = {}
+    if plan is not None:
+        for method in plan["methods"]:
+            for seed in plan["seeds"]:
+                runs.setdefault(method, {})[int(seed)] = directory / method / f"seed{seed}"
+        return runs
+    for config in sorted(directory.glob("*/seed*/config.yaml")):
+        run_dir = config.parent
+        suffix = run_dir.name[len("seed") :]
+        if suffix.isdigit():
+            runs.setdefault(run_dir.parent.name, {})[int(suffix)] = run_dir
+    return runs

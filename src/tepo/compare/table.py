@@ -1,0 +1,303 @@
+"""The comparison table: one row per method, one column per benchmark plus their average, mean over seeds with a
+95% bootstrap interval, steps (and wall time) to a reward threshold, the best of each column marked.
+
+Columns, from each run directory:
+
+- ``held-out``: greedy accuracy of the final policy on the run's held-out set (``summary.json`` ``after``),
+- one column per benchmark evaluated with ``tepo eval`` into ``<run_dir>/eval/<benchmark>/results.json``
+  (the first of ``accuracy``, ``greedy_accuracy``, ``mean_accuracy`` found at the top level or under
+  ``metrics`` / ``summary``),
+- ``avg``: per seed, the mean of that seed's benchmark columns (held-out included), then the interval over seeds;
+  shown only when there are at least two benchmark columns,
+- ``sampled``: held-out accuracy of one sample at ``eval.temperature``,
+- ``reward``: mean batch reward over the last third of the steps,
+- ``steps@R`` / ``wall s@R``: the first step at which the trailing ``window``-step mean of the batch reward reaches
+  the threshold ``R``, and the summed ``step_seconds`` up to it; averaged over the seeds that reached it, and the
+  count is shown (``2/3``) when some did not.
+
+Every value is the mean over seeds with the percentile bootstrap interval of ``tepo.compare.stats``. Higher is
+better for accuracies and reward, lower for steps and wall time; ``best`` marks the best mean of each column
+(ties all marked). An ``initial policy`` row gives the held-out accuracies before training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from tepo.compare.stats import (
+    DEFAULT_BOOTSTRAP_SEED,
+    DEFAULT_CONFIDENCE,
+    DEFAULT_RESAMPLES,
+    bootstrap_interval,
+)
+from tepo.metrics import read_metrics
+
+INITIAL_ROW = "initial policy"
+_BENCH_KEYS = ("accuracy", "greedy_accuracy", "mean_accuracy")
+
+
+@dataclass(frozen=True)
+class Column:
+    key: str
+    label: str
+    higher_is_better: bool = True
+    benchmark: bool = False  # part of the average
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def benchmark_scores(run_dir: Path) -> dict[str, float]:
+    """``{benchmark: accuracy}`` from ``<run_dir>/eval/<benchmark>/results.json`` files, where present."""
+    scores = {}
+    for path in sorted(Path(run_dir).glob("eval/*/results.json")):
+        data = _read_json(path) or {}
+        for node in (data, data.get("metrics"), data.get("summary")):
+            if not isinstance(node, dict):
+                continue
+            found = next((_number(node[k]) for k in _BENCH_KEYS if _number(node.get(k)) is not None), None)
+            if found is not None:
+                scores[path.parent.name] = found
+                break
+    return scores
+
+
+def steps_to_threshold(
+    rows: list[dict], threshold: float, window: int = 3
+) -> tuple[int | None, float | None]:
+    """First step whose trailing ``window``-step mean reward is >= ``threshold``, and the seconds spent until then.
+
+    The trailing mean at step ``s`` averages the rewards of the last ``min(window, s)`` logged steps, so a single
+    lucky batch does not count as reaching the threshold. Returns ``(None, None)`` when it is never reached.
+    """
+    if window < 1:
+        raise ValueError(f"steps_to_threshold: window must be >= 1, got {window}")
+    recent: list[float] = []
+    seconds = 0.0
+    for row in rows:
+        seconds += _number(row.get("step_seconds")) or 0.0
+        reward = _number(row.get("reward_mean"))
+        if reward is None:
+            continue
+        recent = [*recent, reward][-window:]
+        if sum(recent) / len(recent) >= threshold:
+            return int(row["step"]), seconds
+    return None, None
+
+
+def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(after-training values, before-training values) of one run, by column key; missing values left out."""
+    run_dir = Path(run_dir)
+    summary = _read_json(run_dir / "summary.json") or {}
+    before, after = summary.get("before") or {}, summary.get("after") or {}
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    values: dict[str, float | None] = {
+        "held_out": _number(after.get("eval_greedy_accuracy")),
+        "sampled": _number(after.get("eval_sampled_accuracy")),
+        "reward": _number(summary.get("reward_last_third")),
+    }
+    for name, score in benchmark_scores(run_dir).items():
+        values[f"bench:{name}"] = score
+    steps, seconds = steps_to_threshold(rows, threshold, window)
+    values["steps_to_threshold"] = None if steps is None else float(steps)
+    values["seconds_to_threshold"] = seconds
+    initial = {
+        "held_out": _number(before.get("eval_greedy_accuracy")),
+        "sampled": _number(before.get("eval_sampled_accuracy")),
+    }
+    return (
+        {k: v for k, v in values.items() if v is not None},
+        {k: v for k, v in initial.items() if v is not None},
+    )
+
+
+def build_table(
+    runs: dict[str, dict[int, Path]],
+    *,
+    threshold: float = 0.5,
+    window: int = 3,
+    resamples: int = DEFAULT_RESAMPLES,
+    confidence: float = DEFAULT_CONFIDENCE,
+    bootstrap_seed: int = DEFAULT_BOOTSTRAP_SEED,
+) -> dict:
+    """The table as a JSON-ready dict (see the module docstring); only finished runs (``summary.json``) count."""
+    per_method: dict[str, dict[int, dict]] = {}
+    initial: dict[int, dict] = {}
+    missing = []
+    for method, seeds in runs.items():
+        for seed, run_dir in sorted(seeds.items()):
+            if not (Path(run_dir) / "summary.json").exists():
+                missing.append(f"{method}/seed{seed}")
+                continue
+            after, before = run_values(run_dir, threshold=threshold, window=window)
+            per_method.setdefault(method, {})[seed] = after
+            initial.setdefault(seed, before)  # identical across methods for one seed: the same initial policy
+
+    benches = sorted(
+        {k for seeds in per_method.values() for v in seeds.values() for k in v if k.startswith("bench:")}
+    )
+    columns = [Column("held_out", "held-out", True, True)]
+    columns += [Column(b, b.split(":", 1)[1], True, True) for b in benches]
+    if len(columns) >= 2:
+        columns.append(Column("avg", "avg", True, False))
+    r_label = f"{threshold:g}"
+    columns += [
+        Column("sampled", "sampled"),
+        Column("reward", "reward (last 1/3)"),
+        Column("steps_to_threshold", f"steps@{r_label}", higher_is_better=False),
+        Column("seconds_to_threshold", f"wall s@{r_label}", higher_is_better=False),
+    ]
+    bench_keys = [c.key for c in columns if c.benchmark]
+
+    def cell(values: list[float], total: int) -> dict | None:
+        if not values:
+            return {"mean": None, "low": None, "high": None, "n": 0, "values": [], "of": total}
+        out = bootstrap_interval(
+            values, resamples=resamples, confidence=confidence, seed=bootstrap_seed
+        ).to_dict()
+        out["of"] = total
+        return out
+
+    rows = []
+    for method, seeds in per_method.items():
+        for values in seeds.values():
+            if len(bench_keys) >= 2 and all(k in values for k in bench_keys):
+                values["avg"] = sum(values[k] for k in bench_keys) / len(bench_keys)
+        cells = {c.key: cell([v[c.key] for v in seeds.values() if c.key in v], len(seeds)) for c in columns}
+        rows.append({"method": method, "seeds": sorted(seeds), "cells": cells})
+    for column in columns:
+        means = [r["cells"][column.key]["mean"] for r in rows]
+        shares = [r["cells"][column.key]["n"] / max(r["cells"][column.key]["of"], 1) for r in rows]
+        # Steps/wall time: compare only methods whose share of seeds reaching the threshold is the largest.
+        eligible = [
+            m is not None and (column.higher_is_better or s == max(shares)) for m, s in zip(means, shares)
+        ]
+        candidates = [m for m, ok in zip(means, eligible) if ok]
+        best = (max if column.higher_is_better else min)(candidates) if candidates else None
+        for row, mean, ok in zip(rows, means, eligible):
+            row["cells"][column.key]["best"] = bool(
+                len(rows) > 1
+                and ok
+                and best is not None
+                and math.isclose(mean, best, rel_tol=1e-12, abs_tol=1e-12)
+            )
+    initial_cells = {}
+    for key in ("held_out", "sampled"):
+        vals = [v[key] for v in initial.values() if key in v]
+        if vals:
+            initial_cells[key] = cell(vals, len(initial)) | {"best": False}
+    return {
+        "columns": [
+            {"key": c.key, "label": c.label, "higher_is_better": c.higher_is_better, "benchmark": c.benchmark}
+            for c in columns
+        ],
+        "rows": rows,
+        "initial": {"method": INITIAL_ROW, "seeds": sorted(initial), "cells": initial_cells}
+        if initial_cells
+        else None,
+        "missing_runs": missing,
+        "threshold": {"metric": "reward_mean", "value": threshold, "window": window},
+        "bootstrap": {
+            "method": "percentile",
+            "resamples": resamples,
+            "confidence": confidence,
+            "seed": bootstrap_seed,
+            "unit": "seed",
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Rendering
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _num(value: float | None, key: str) -> str:
+    if value is None:
+        return "-"
+    if key in ("steps_to_threshold",):
+        return f"{value:.1f}"
+    if key == "seconds_to_threshold":
+        return f"{value:.0f}"
+    return f"{value:.3f}"
+
+
+def format_cell(cell: dict | None, key: str, *, markdown: bool, with_interval: bool = True) -> str:
+    if not cell or cell.get("mean") is None:
+        return "-" if not cell or not cell.get("of") else f"- (0/{cell['of']})"
+    mean = _num(cell["mean"], key)
+    if cell.get("best"):
+        mean = f"**{mean}**" if markdown else f"{mean}*"
+    text = mean
+    if with_interval and cell["n"] > 1:
+        text += f" [{_num(cell['low'], key)}, {_num(cell['high'], key)}]"
+    if cell.get("of") and cell["n"] < cell["of"]:
+        text += f" ({cell['n']}/{cell['of']})"
+    return text
+
+
+def table_rows(table: dict, *, markdown: bool) -> tuple[list[str], list[list[str]]]:
+    keys = [c["key"] for c in table["columns"]]
+    headers = ["method", "seeds"] + [c["label"] for c in table["columns"]]
+    body = []
+    if table.get("initial"):
+        init = table["initial"]
+        body.append(
+            [init["method"], str(len(init["seeds"]))]
+            + [format_cell(init["cells"].get(k), k, markdown=markdown) for k in keys]
+        )
+    for row in table["rows"]:
+        body.append(
+            [row["method"], str(len(row["seeds"]))]
+            + [format_cell(row["cells"][k], k, markdown=markdown) for k in keys]
+        )
+    return headers, body
+
+
+def table_footer(table: dict) -> str:
+    b, t = table["bootstrap"], table["threshold"]
+    lines = [
+        f"mean over seeds [{b['confidence']:.0%} percentile bootstrap interval over seeds, {b['resamples']} resamples, "
+        f"seed {b['seed']}]; best of each column marked; steps@{t['value']:g}: first step whose trailing "
+        f"{t['window']}-step mean batch reward >= {t['value']:g} (seeds that reached it / all)",
+    ]
+    if table.get("missing_runs"):
+        lines.append(f"not finished (left out): {', '.join(table['missing_runs'])}")
+    return "\n".join(lines)
+
+
+def render_markdown(table: dict) -> str:
+    from tepo.report.tables import format_table
+
+    headers, body = table_rows(table, markdown=True)
+    return format_table(headers, body) + "\n\n" + table_footer(table) + "\n"
+
+
+def render_terminal(table: dict) -> str:
+    from tepo.report.tables import format_table
+
+    headers, body = table_rows(table, markdown=False)
+    return format_table(headers, body) + "\n" + table_footer(table)
+
+
+def write_table(table: dict, directory: Path) -> tuple[Path, Path]:
+    directory = Path(directory)
+    md, js = directory / "table.md", directory / "table.json"
+    md.write_text(render_markdown(table), encoding="utf-8")
+    js.write_text(json.dumps(table, indent=2), encoding="utf-8")
+    return md, js

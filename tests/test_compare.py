@@ -1,0 +1,422 @@
+"""tepo compare: bootstrap intervals, the comparison table from fixed synthetic run directories, the plan
+(methods, seeds, identical settings, prompt schedules), reuse/resume without training, the default task."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tepo.compare.runner import (
+    discover_runs,
+    method_overrides,
+    parse_methods,
+    parse_seeds,
+    plan_comparison,
+    run_comparison,
+    run_state,
+)
+from tepo.compare.stats import bootstrap_interval
+from tepo.compare.table import build_table, render_markdown, render_terminal, steps_to_threshold, write_table
+from tepo.compare.tasks import make_mixture_problems
+from tepo.config import ConfigError, save_config
+
+# --------------------------------------------------------------------------------------------------------------
+# Synthetic run directories
+# --------------------------------------------------------------------------------------------------------------
+
+
+def make_run(
+    run_dir: Path,
+    *,
+    greedy: float,
+    sampled: float = 0.1,
+    rewards=(0.1, 0.2),
+    step_seconds=10.0,
+    before=(0.25, 0.05),
+    benchmarks: dict | None = None,
+    finished: bool = True,
+) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows = [
+        {"step": i + 1, "reward_mean": r, "step_seconds": step_seconds, "entropy_mean": 1.0 - 0.05 * i}
+        for i, r in enumerate(rewards)
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "config.yaml").write_text("{}\n")
+    if finished:
+        third = max(1, len(rewards) // 3)
+        summary = {
+            "steps": len(rows),
+            "before": {"eval_greedy_accuracy": before[0], "eval_sampled_accuracy": before[1]},
+            "after": {"eval_greedy_accuracy": greedy, "eval_sampled_accuracy": sampled},
+            "reward_last_third": sum(rewards[-third:]) / third,
+        }
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+    for name, acc in (benchmarks or {}).items():
+        (run_dir / "eval" / name).mkdir(parents=True, exist_ok=True)
+        (run_dir / "eval" / name / "results.json").write_text(json.dumps({"metrics": {"accuracy": acc}}))
+    return run_dir
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Bootstrap
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_bootstrap_three_seeds_hand_checked():
+    # Resampling 3 values gives 27 equally likely ordered draws; the lowest mean 0.2 has mass 1/27 = 3.7% > 2.5%,
+    # and so does the highest, 0.6: the 95% percentile interval is exactly [0.2, 0.6].
+    iv = bootstrap_interval([0.2, 0.4, 0.6])
+    assert iv.mean == pytest.approx(0.4)
+    assert (iv.low, iv.high) == (pytest.approx(0.2), pytest.approx(0.6))
+    assert iv.n == 3
+
+
+def test_bootstrap_interval_inside_range_when_tails_are_thin():
+    # [0, 0, 0, 1]: P(mean = 0) = (3/4)^4 = 31.6% -> low = 0; P(mean >= 0.75) = 5.1% but P(mean = 1) = 0.4%
+    # < 2.5% -> high = 0.75, not the maximum 1.
+    iv = bootstrap_interval([0.0, 0.0, 0.0, 1.0])
+    assert iv.mean == pytest.approx(0.25)
+    assert iv.low == pytest.approx(0.0)
+    assert iv.high == pytest.approx(0.75)
+
+
+def test_bootstrap_is_seeded_and_contains_the_mean():
+    values = [0.31, 0.45, 0.38, 0.52, 0.29]
+    a, b = bootstrap_interval(values), bootstrap_interval(values)
+    assert (a.low, a.high) == (b.low, b.high)
+    assert a.low <= a.mean <= a.high
+    # The seed matters (the resamples really are random): with few resamples the intervals differ.
+    few = [0.11, 0.52, 0.23, 0.94, 0.35, 0.76, 0.47, 0.68]
+    assert bootstrap_interval(few, resamples=40, seed=0) != bootstrap_interval(few, resamples=40, seed=1)
+
+
+def test_bootstrap_width_shrinks_with_more_seeds():
+    three = bootstrap_interval([0.2, 0.4, 0.6])
+    nine = bootstrap_interval([0.2, 0.4, 0.6] * 3)
+    assert nine.mean == pytest.approx(three.mean)
+    assert nine.high - nine.low < three.high - three.low
+    assert nine.low <= nine.mean <= nine.high
+
+
+def test_bootstrap_one_seed_and_bad_input():
+    iv = bootstrap_interval([0.7])
+    assert (iv.mean, iv.low, iv.high, iv.n) == (0.7, 0.7, 0.7, 1)
+    with pytest.raises(ValueError, match="no values"):
+        bootstrap_interval([])
+    with pytest.raises(ValueError, match="finite"):
+        bootstrap_interval([0.1, float("nan")])
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_interval([0.1, 0.2], confidence=1.5)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The table
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def comparison(tmp_path) -> Path:
+    """grpo: held-out 0.2/0.4/0.6; tepo: 0.5/0.5/0.5 (best); tepo seed 2 unfinished is not in the table."""
+    d = tmp_path / "cmp"
+    for seed, acc in enumerate([0.2, 0.4, 0.6]):
+        # reward 0.1, 0.3, 0.5, 0.7: trailing 3-step means 0.1, 0.2, 0.3, 0.5 -> reaches 0.25 at step 3 (30 s).
+        make_run(
+            d / "grpo" / f"seed{seed}",
+            greedy=acc,
+            sampled=0.1 * (seed + 1),
+            rewards=[0.1, 0.3, 0.5, 0.7],
+            before=(0.25 + 0.01 * seed, 0.05),
+        )
+    for seed in range(2):
+        make_run(
+            d / "tepo" / f"seed{seed}",
+            greedy=0.5,
+            sampled=0.2,
+            rewards=[0.5, 0.5, 0.5, 0.5],
+            step_seconds=20.0,
+            before=(0.25 + 0.01 * seed, 0.05),
+        )
+    make_run(d / "tepo" / "seed2", greedy=0.9, finished=False)
+    return d
+
+
+def test_table_values_and_best(comparison):
+    runs = discover_runs(comparison)
+    assert sorted(runs) == ["grpo", "tepo"] and sorted(runs["tepo"]) == [0, 1, 2]
+    table = build_table(runs, threshold=0.25, window=3)
+    rows = {r["method"]: r for r in table["rows"]}
+    g, t = rows["grpo"]["cells"], rows["tepo"]["cells"]
+    assert g["held_out"]["mean"] == pytest.approx(0.4)
+    assert (g["held_out"]["low"], g["held_out"]["high"]) == (pytest.approx(0.2), pytest.approx(0.6))
+    assert g["held_out"]["values"] == [0.2, 0.4, 0.6]
+    assert t["held_out"]["mean"] == pytest.approx(0.5) and t["held_out"]["n"] == 2
+    assert t["held_out"]["best"] and not g["held_out"]["best"]
+    assert g["sampled"]["mean"] == pytest.approx(0.2) and t["sampled"]["mean"] == pytest.approx(0.2)
+    assert g["sampled"]["best"] and t["sampled"]["best"]  # a tie marks both
+    # steps@0.25: grpo at step 3 after 3 x 10 s; tepo at step 1 after 20 s -> tepo best on both.
+    assert g["steps_to_threshold"]["mean"] == 3 and g["seconds_to_threshold"]["mean"] == pytest.approx(30)
+    assert t["steps_to_threshold"]["mean"] == 1 and t["seconds_to_threshold"]["mean"] == pytest.approx(20)
+    assert t["steps_to_threshold"]["best"] and t["seconds_to_threshold"]["best"]
+    assert table["missing_runs"] == ["tepo/seed2"]
+    # The initial policy: one value per seed (0.25, 0.26, 0.27).
+    assert table["initial"]["cells"]["held_out"]["mean"] == pytest.approx(0.26)
+    assert table["bootstrap"] == {
+        "method": "percentile",
+        "resamples": 10000,
+        "confidence": 0.95,
+        "seed": 0,
+        "unit": "seed",
+    }
+    assert "avg" not in [c["key"] for c in table["columns"]]  # one benchmark column: no average
+
+
+def test_table_markdown_terminal_json(comparison, tmp_path):
+    table = build_table(discover_runs(comparison), threshold=0.25)
+    md = render_markdown(table)
+    assert "| grpo " in md and "0.400 [0.200, 0.600]" in md
+    assert "**0.500**" in md  # tepo's held-out, best
+    assert "initial policy" in md and "not finished (left out): tepo/seed2" in md
+    term = render_terminal(table)
+    assert "0.500*" in term and "**" not in term
+    md_path, json_path = write_table(table, tmp_path)
+    assert json.loads(json_path.read_text())["rows"][0]["method"] == "grpo"
+    assert md_path.read_text() == md
+
+
+def test_table_benchmarks_and_average(tmp_path):
+    d = tmp_path / "cmp"
+    make_run(d / "a" / "seed0", greedy=0.4, benchmarks={"gsm8k": 0.2, "math500": 0.1})
+    make_run(d / "a" / "seed1", greedy=0.6, benchmarks={"gsm8k": 0.4, "math500": 0.3})
+    make_run(d / "b" / "seed0", greedy=0.5, benchmarks={"gsm8k": 0.1, "math500": 0.0})
+    table = build_table(discover_runs(d))
+    keys = [c["key"] for c in table["columns"]]
+    assert keys[:4] == ["held_out", "bench:gsm8k", "bench:math500", "avg"]
+    a = next(r for r in table["rows"] if r["method"] == "a")["cells"]
+    # Per seed: (0.4 + 0.2 + 0.1) / 3 = 0.2333 and (0.6 + 0.4 + 0.3) / 3 = 0.4333; mean 0.3333.
+    assert a["avg"]["values"] == [pytest.approx(0.7 / 3), pytest.approx(1.3 / 3)]
+    assert a["avg"]["mean"] == pytest.approx(1 / 3)
+    assert a["avg"]["best"]
+
+
+def test_steps_to_threshold_window_and_never():
+    rows = [
+        {"step": 1, "reward_mean": 0.9, "step_seconds": 5},
+        {"step": 2, "reward_mean": 0.0, "step_seconds": 5},
+        {"step": 3, "reward_mean": 0.0, "step_seconds": 5},
+    ]
+    assert steps_to_threshold(rows, 0.5, window=1) == (1, 5.0)
+    assert steps_to_threshold(rows, 0.5, window=3) == (1, 5.0)  # the trailing mean of one step is 0.9
+    assert steps_to_threshold(rows[1:], 0.5, window=3) == (None, None)
+    with pytest.raises(ValueError, match="window"):
+        steps_to_threshold(rows, 0.5, window=0)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Planning: methods, seeds, identical settings
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_parse_seeds_and_methods():
+    assert parse_seeds("3") == [0, 1, 2]
+    assert parse_seeds("0,4,7") == [0, 4, 7]
+    for bad in ("0", "x", "1,1"):
+        with pytest.raises(ConfigError, match="--seeds"):
+            parse_seeds(bad)
+    assert parse_methods("grpo, tepo") == ["grpo", "tepo"]
+    with pytest.raises(ConfigError, match="twice"):
+        parse_methods("grpo,grpo")
+
+
+def test_method_overrides_loss_and_preset():
+    assert method_overrides("gspo") == {"algorithm.loss": "gspo", "algorithm.loss_options": {}}
+    kl = method_overrides("tepo_kl")
+    assert kl["algorithm.loss"] == "tepo" and kl["algorithm.kl_coef"] == 0.001
+    assert kl["algorithm.loss_options"] == {"eps": 0.2}
+    with pytest.raises(ConfigError, match="neither a registered loss"):
+        method_overrides("not_a_loss")
+
+
+def test_plan_identical_settings_and_prompt_schedules(tmp_path):
+    plan = plan_comparison(tmp_path, ["grpo", "tepo", "tepo_v2_kl_mask"], [0, 1], overrides=["train.steps=3"])
+    assert len(plan.runs) == 6
+    by = {(r.method, r.seed): r.config for r in plan.runs}
+    assert by[("grpo", 0)].algorithm.loss == "grpo" and by[("tepo", 1)].train.seed == 1
+    assert by[("grpo", 0)].data.source == by[("tepo", 0)].data.source  # the same materialised task files
+    assert Path(by[("grpo", 0)].data.source).name == "train.jsonl"
+    # Same seed -> the same prompts in the same order for every method; another seed -> another order.
+    d0, d1 = plan.prompt_digests["0"], plan.prompt_digests["1"]
+    assert len(set(d0.values())) == 1 and len(set(d1.values())) == 1 and d0["grpo"] != d1["grpo"]
+    assert any("tepo_v2_kl_mask also changes train.ppo_epochs=2" in n for n in plan.notes)
+    assert by[("tepo_v2_kl_mask", 0)].train.ppo_epochs == 2 and by[("grpo", 0)].train.ppo_epochs == 1
+    with pytest.raises(ConfigError, match=r"train\.seed is set by tepo compare"):
+        plan_comparison(tmp_path, ["grpo"], [0], overrides=["train.seed=3"])
+    with pytest.raises(ConfigError, match=r"train\.steps: must be >= 1"):
+        plan_comparison(tmp_path, ["grpo"], [0], overrides=["train.steps=0"])
+
+
+def test_plan_notes_dynamic_sampling(tmp_path):
+    plan = plan_comparison(tmp_path, ["grpo", "clip_higher"], [0], overrides=["train.steps=2"])
+    assert any("dynamic sampling" in n for n in plan.notes)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Running: reuse, resume, restart, new -- without training
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("training must not be invoked")
+
+
+def _finish(spec, greedy=0.5):
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(spec.config, spec.run_dir / "config.yaml")
+    (spec.run_dir / "summary.json").write_text(json.dumps({"after": {"eval_greedy_accuracy": greedy}}))
+
+
+def test_finished_runs_are_reused_without_training(tmp_path):
+    plan = plan_comparison(tmp_path, ["grpo", "tepo"], [0, 1], overrides=["train.steps=2"])
+    for spec in plan.runs:
+        _finish(spec)
+    outcomes = run_comparison(plan, train_fn=_never, resume_fn=_never, log=lambda *a: None)
+    assert [o.action for o in outcomes] == ["reused"] * 4
+    assert (tmp_path / "comparison.json").exists()
+    assert json.loads((tmp_path / "comparison.json").read_text())["methods"] == ["grpo", "tepo"]
+
+
+def test_interrupted_new_and_mismatched_runs(tmp_path):
+    from tepo.checkpoint import save_checkpoint
+
+    plan = plan_comparison(tmp_path, ["grpo", "tepo"], [0], overrides=["train.steps=2"])
+    grpo, tepo = plan.runs
+    # grpo: interrupted after a checkpoint -> resumed.
+    grpo.run_dir.mkdir(parents=True)
+    save_config(grpo.config, grpo.run_dir / "config.yaml")
+    save_checkpoint(grpo.run_dir, 1, torch.nn.Linear(2, 2), {"note": "synthetic"})
+    (grpo.run_dir / "eval_before.json").write_text(json.dumps({"eval_greedy_accuracy": 0.25}))
+    calls = []
+    outcomes = run_comparison(
+        plan,
+        train_fn=lambda config, run_dir: calls.append(("train", run_dir, config)),
+        resume_fn=lambda run_dir: calls.append(("resume", run_dir)),
+        log=lambda *a: None,
+    )
+    assert [o.action for o in outcomes] == ["resumed", "trained"]
+    assert calls[0] == ("resume", grpo.run_dir)
+    assert calls[1][:2] == ("train", tepo.run_dir) and calls[1][2].algorithm.loss == "tepo"
+    # The initial evaluation is the same for both losses at one seed: copied, not recomputed.
+    assert json.loads((tepo.run_dir / "eval_before.json").read_text()) == {"eval_greedy_accuracy": 0.25}
+
+    # tepo: interrupted with metrics but no checkpoint -> partial log moved aside, restarted from step 0.
+    save_config(tepo.config, tepo.run_dir / "config.yaml")
+    (tepo.run_dir / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert run_state(tepo.run_dir) == "interrupted"
+    calls.clear()
+    run_comparison(
+        plan,
+        train_fn=lambda config, run_dir: calls.append(("train", run_dir)),
+        resume_fn=lambda run_dir: calls.append(("resume", run_dir)),
+        log=lambda *a: None,
+    )
+    assert calls == [("resume", grpo.run_dir), ("train", tepo.run_dir)]
+    assert not (tepo.run_dir / "metrics.jsonl").exists()
+    assert len(list(tepo.run_dir.glob("metrics.restarted-*.jsonl"))) == 1
+
+    # A run directory holding other settings is an error, not silently reused.
+    _finish(tepo)
+    other = plan_comparison(tmp_path, ["grpo", "tepo"], [0], overrides=["train.steps=3"])
+    with pytest.raises(ConfigError, match=r"different settings \(train.steps\)"):
+        run_comparison(other, train_fn=_never, resume_fn=lambda run_dir: None, log=lambda *a: None)
+
+
+def test_compare_cli_table_only(comparison, capsys):
+    from tepo.cli import main
+
+    (comparison / "grpo" / "seed0" / "config.yaml").unlink()  # discovery works from plan or folders
+    rc = main(
+        [
+            "compare",
+            "--losses",
+            "grpo,tepo",
+            "--seeds",
+            "3",
+            "--dir",
+            str(comparison),
+            "--table-only",
+            "--no-report",
+            "--threshold",
+            "0.25",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "0.400* [0.200, 0.600]" not in out and "0.400 [0.200, 0.600]" in out and "0.500*" in out
+    assert (comparison / "table.md").exists() and (comparison / "table.json").exists()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The default task
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_mixture_task_levels_answers_and_split():
+    train = make_mixture_problems(300, split="train", seed=0)
+    test = make_mixture_problems(60, split="test", seed=0)
+    assert [p.id.rsplit("-L", 1)[1] for p in train[:6]] == ["1", "2", "3", "1", "2", "3"]
+    assert not {p.problem for p in train} & {p.problem for p in test}
+    assert make_mixture_problems(60, split="test", seed=0) == test  # deterministic
+    for p in train:
+        nums = [int(x) for x in re.findall(r"\d+", p.problem)]
+        level = p.id[-1]
+        if level == "2":
+            a, b = nums
+            assert int(p.answer) in (a + b, a * b) and max(a, b) >= 10
+        if level == "1":
+            assert max(nums) <= 9
+
+
+def test_compare_default_preset_loads():
+    from tepo.config import load_config
+
+    config = load_config("compare_default")
+    assert config.data.source == "arithmetic-mix" and config.train.steps == 12 and config.eval.size % 3 == 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The real trainer (slow): 2 losses x 1 seed x 2 steps, then a second invocation reuses everything
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.model
+def test_real_comparison_tiny(tmp_path):
+    overrides = [
+        "train.steps=2",
+        "train.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=24",
+        "eval.size=3",
+        "eval.samples=1",
+        "log.progress=false",
+    ]
+    plan = plan_comparison(tmp_path, ["grpo", "tepo"], [0], overrides=overrides)
+    outcomes = run_comparison(plan)
+    assert [o.action for o in outcomes] == ["trained", "trained"]
+    rows = {
+        m: [json.loads(x) for x in (tmp_path / m / "seed0" / "metrics.jsonl").read_text().splitlines()]
+        for m in ("grpo", "tepo")
+    }
+    # Same seed, same initial policy, same sampling seed: step 1 saw the same samples under both losses.
+    assert rows["grpo"][0]["reward_mean"] == rows["tepo"][0]["reward_mean"]
+    assert rows["grpo"][0]["response_length_mean"] == rows["tepo"][0]["response_length_mean"]
+    before = [json.loads((tmp_path / m / "seed0" / "eval_before.json").read_text()) for m in ("grpo", "tepo")]
+    assert before[0] == before[1]
+    again = run_comparison(plan_comparison(tmp_path, ["grpo", "tepo"], [0], overrides=overrides))
+    assert [o.action for o in again] == ["reused", "reused"]
+    table = build_table(discover_runs(tmp_path))
+    assert {r["method"] for r in table["rows"]} == {"grpo", "tepo"}
