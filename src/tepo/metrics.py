@@ -3,7 +3,9 @@
 The JSONL file is the record of truth. Each row is appended and flushed with ``fsync`` so a killed run loses at
 most the step in flight. On resume the log is cut back to the checkpoint's step: rows of steps that will be
 redone move to ``metrics.rolledback.jsonl`` (kept, not deleted), so the main log never has a repeated or
-missing step.
+missing step. The log also guards itself: opening it drops a torn last line (a kill mid-write), and appending a
+step that is already logged (a run killed before its first checkpoint restarts from step 0) first moves that
+row and any later ones to ``metrics.rolledback.jsonl``.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class MetricsLog:
     ):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_torn_tail(self.path)
+        steps = [row.get("step") for row in read_metrics(self.path)]
+        self._last_step = max((s for s in steps if isinstance(s, int)), default=None)
         self._tb = None
         self._wandb = None
         if tensorboard:
@@ -59,12 +64,17 @@ class MetricsLog:
             )
 
     def append(self, row: dict) -> None:
+        step = row.get("step")
+        if isinstance(step, int) and self._last_step is not None and step <= self._last_step:
+            # The step is being redone (resumed without a checkpoint at or after it): one row per step.
+            truncate_metrics(self.path.parent, step - 1)
+        if isinstance(step, int):
+            self._last_step = step
         clean = {key: _clean(value) for key, value in row.items()}
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(clean) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-        step = row.get("step")
         numeric = {k: v for k, v in clean.items() if isinstance(v, int | float) and not isinstance(v, bool)}
         if self._tb is not None:
             for key, value in numeric.items():
@@ -78,6 +88,20 @@ class MetricsLog:
             self._tb.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line that has no newline (the process died inside ``write``): the next row must start on a
+    line of its own, or it would be glued to the fragment and both lost."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    data = path.read_bytes()
+    if data.endswith(b"\n"):
+        return
+    with open(path, "r+b") as handle:
+        handle.truncate(data.rfind(b"\n") + 1)  # rfind is -1 when the only line is torn: truncate to 0
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -108,7 +132,12 @@ def truncate_metrics(run_dir: Path, last_step: int) -> int:
     if moved:
         with open(Path(run_dir) / "metrics.rolledback.jsonl", "a", encoding="utf-8") as handle:
             handle.write("\n".join(moved) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
     tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write("".join(line + "\n" for line in keep))
+        handle.flush()
+        os.fsync(handle.fileno())  # the new log is on disk before it replaces the old one
     os.replace(tmp, path)
     return len(moved)
