@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 MANIFEST = "manifest.json"
+CHECKPOINT_FILES = ("model.safetensors", "state.pt")
 
 
 class CheckpointError(RuntimeError):
@@ -93,7 +94,7 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
     tmp.mkdir()
     save_file(model_state_for_saving(model), str(tmp / "model.safetensors"))
     torch.save({**state, "step": step}, tmp / "state.pt")
-    files = {name: _sha256(tmp / name) for name in ("model.safetensors", "state.pt")}
+    files = {name: _sha256(tmp / name) for name in CHECKPOINT_FILES}
     for name in files:
         with open(tmp / name, "rb") as handle:
             os.fsync(handle.fileno())
@@ -124,9 +125,14 @@ def verify_checkpoint(path: Path) -> str | None:
     if not manifest.exists():
         return "no manifest (the write was interrupted)"
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (json.JSONDecodeError, KeyError):
+        files = json.loads(manifest.read_bytes())["files"]
+        if not isinstance(files, dict):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):  # ValueError covers bad JSON and bytes that are not UTF-8
         return "unreadable manifest"
+    missing = [name for name in CHECKPOINT_FILES if name not in files]
+    if missing:
+        return f"manifest does not list {', '.join(missing)}"
     for name, digest in files.items():
         if not (path / name).exists():
             return f"{name} is missing"
