@@ -9,6 +9,7 @@ YAML scalars and then checked against the field's type. Every problem found is r
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -199,10 +200,13 @@ def parse_overrides(overrides: list[str]) -> dict:
             value = raw
         node = tree
         parts = key.strip().split(".")
-        for part in parts[:-1]:
+        for depth, part in enumerate(parts[:-1]):
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is set twice in different shapes")
+                raise ConfigError(
+                    f"override {item!r}: {'.'.join(parts[: depth + 1])!r} was already given the value {node!r} "
+                    "by an earlier override; it is a section, set its keys instead"
+                )
         node[parts[-1]] = value
     return tree
 
@@ -228,7 +232,9 @@ def _build(cls, data: Any, prefix: str, errors: list[str], where: str):
     kwargs = {}
     for key, value in data.items():
         if key not in fields:
-            errors.append(f"unknown key {prefix}{key!r} in {where} (valid here: {', '.join(sorted(fields))})")
+            errors.append(
+                f"unknown key {prefix + str(key)!r} in {where} (valid here: {', '.join(sorted(fields))})"
+            )
             continue
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
@@ -243,6 +249,8 @@ def _build(cls, data: Any, prefix: str, errors: list[str], where: str):
 
 
 def _type_name(hint) -> str:
+    if hint is float:
+        return "a finite float"
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
@@ -264,14 +272,17 @@ def _coerce(value: Any, hint) -> tuple[bool, Any]:
         return isinstance(value, int) and not isinstance(value, bool), value
     if hint is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return True, float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             # YAML 1.1 reads "1e-4" (no dot) as a string; accept any plain decimal/scientific number.
             try:
-                return True, float(value)
+                number = float(value)
             except ValueError:
                 return False, None
-        return False, None
+        else:
+            return False, None
+        # No setting means anything at nan or inf (.nan, .inf, "inf"): refuse them here, by name.
+        return (True, number) if math.isfinite(number) else (False, None)
     if hint is str:
         return isinstance(value, str), value
     if origin is dict:
@@ -305,6 +316,7 @@ def validate(config: RunConfig) -> list[str]:
         "train.ppo_epochs": c.train.ppo_epochs,
         "train.micro_batch_size": c.train.micro_batch_size,
         "reward.num_workers": c.reward.num_workers,
+        "train.max_bad_steps": c.train.max_bad_steps,
     }
     errors += [f"{key}: must be >= 1, got {value}" for key, value in positive.items() if value < 1]
     if c.rollout.temperature <= 0:
@@ -313,6 +325,16 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(f"rollout.top_p: must be in (0, 1], got {c.rollout.top_p}")
     if c.optim.lr <= 0:
         errors.append(f"optim.lr: must be > 0, got {c.optim.lr}")
+    if c.optim.max_grad_norm <= 0:
+        errors.append(f"optim.max_grad_norm: must be > 0, got {c.optim.max_grad_norm}")
+    if c.optim.weight_decay < 0 or c.optim.warmup_steps < 0:
+        errors.append("optim.weight_decay and optim.warmup_steps must be >= 0")
+    if not all(0 <= beta < 1 for beta in c.optim.betas):
+        errors.append(f"optim.betas: each must be in [0, 1), got {list(c.optim.betas)}")
+    if c.data.limit is not None and c.data.limit < 1:
+        errors.append(f"data.limit: must be >= 1 (or null for all problems), got {c.data.limit}")
+    if c.train.keep_checkpoints < 0:
+        errors.append(f"train.keep_checkpoints: must be >= 0 (0 keeps all), got {c.train.keep_checkpoints}")
     if c.optim.schedule not in ("constant", "cosine", "linear"):
         errors.append(f"optim.schedule: expected constant, cosine or linear, got {c.optim.schedule!r}")
     if c.reward.timeout_s <= 0:
