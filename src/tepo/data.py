@@ -14,6 +14,7 @@ Bad input fails before any model is loaded, with one message naming the file, th
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -79,7 +80,8 @@ def _load_file(path: Path, problem_field: str, answer_field: str, id_field: str)
     with open(path, "rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
             try:
-                text = raw.decode("utf-8")
+                # A byte-order mark (files saved by some Windows editors) is not part of the first row.
+                text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as err:
                 raise DataError(
                     f"{path}:{line_no}: not valid UTF-8 (byte {err.start}); expected UTF-8 JSON"
@@ -149,6 +151,8 @@ def _row_to_problem(
             raise DataError(
                 f"{where}: field {field!r} must be a string or number, got {type(value).__name__}"
             )
+        if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN / Infinity extensions
+            raise DataError(f"{where}: field {field!r} must be a finite number, got {value}")
         value = str(value).strip()
         if not value:
             raise DataError(f"{where}: field {field!r} is empty")
