@@ -18,6 +18,7 @@ def _cmd_train(args) -> int:
     from tepo.report import plot_training_curves, training_summary_table
     from tepo.train import resume, train
 
+    _quiet_transformers()
     if args.resume:
         result = resume(Path(args.resume), args.overrides)
     else:
@@ -45,6 +46,13 @@ def _cmd_train(args) -> int:
     print(training_summary_table(result.summary))
     print(f"\nrun directory: {result.run_dir}\nplot: {png}\nmetrics: {result.run_dir / 'metrics.jsonl'}")
     return 0
+
+
+def _quiet_transformers() -> None:
+    """Our own bars show progress; transformers' per-load "Loading weights" bars are noise in a CLI run."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
 
 def _cmd_losses(_args) -> int:

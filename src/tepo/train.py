@@ -440,30 +440,45 @@ class Trainer:
     # ---- evaluation -----------------------------------------------------------------------------------------
 
     def evaluate(self, pool: MathRewardPool) -> dict:
+        """Held-out greedy accuracy and (``eval.samples`` > 0) sampled accuracy, with a progress bar."""
+        from tqdm.auto import tqdm
+
         e, r = self.config.eval, self.config.rollout
         if not self.eval_problems:
             return {}
-        max_new = e.max_new_tokens or r.max_new_tokens
         common = dict(
             instruction=self.config.data.instruction,
-            max_new_tokens=max_new,
+            max_new_tokens=e.max_new_tokens or r.max_new_tokens,
             seed=10_000 + self.config.train.seed,
         )
-        start = time.perf_counter()
-        greedy = score_problems(self.rollout, self.tokenizer, self.eval_problems, pool, greedy=True, **common)
-        out = {"eval_greedy_accuracy": accuracy(greedy)}
+        passes = [("greedy", {"greedy": True})]
         if e.samples:
-            sampled = score_problems(
-                self.rollout,
-                self.tokenizer,
-                self.eval_problems,
-                pool,
-                num_samples=e.samples,
-                temperature=e.temperature,
-                top_p=r.top_p,
-                **common,
+            passes.append(
+                ("sampled", {"num_samples": e.samples, "temperature": e.temperature, "top_p": r.top_p})
             )
-            out["eval_sampled_accuracy"] = accuracy(sampled)
+        out = {}
+        start = time.perf_counter()
+        total = len(self.eval_problems) * len(passes)
+        with tqdm(
+            total=total,
+            desc="eval",
+            unit="problem",
+            disable=not self.config.log.progress,
+            file=sys.stderr,
+            dynamic_ncols=True,
+            leave=False,
+        ) as bar:
+            for name, kwargs in passes:
+                results = score_problems(
+                    self.rollout,
+                    self.tokenizer,
+                    self.eval_problems,
+                    pool,
+                    **common,
+                    **kwargs,
+                    on_batch=lambda chunk: bar.update(len(chunk)),
+                )
+                out[f"eval_{name}_accuracy"] = accuracy(results)
         out["eval_seconds"] = time.perf_counter() - start
         return out
 
