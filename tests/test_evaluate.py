@@ -350,3 +350,56 @@ def test_summarize_problem_results_matches_the_record_path():
     assert m["pass@k"] == {"1": pytest.approx(0.5), "2": pytest.approx(1.0)}
     assert m["boxed_rate"] == pytest.approx(3 / 4)
     assert m["mean_response_tokens"] == pytest.approx(5.0) and m["truncated_rate"] == pytest.approx(1 / 4)
+
+
+@needs_shared
+def test_cli_arguments_become_tasks():
+    from tepo.cli import build_parser
+    from tepo.evaluate.cli import build_tasks
+
+    parser = build_parser()
+    args = parser.parse_args(
+        [
+            "eval",
+            "--protocol",
+            "tepo",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "64",
+            "--num-samples",
+            "4",
+            "--data-dir",
+            str(SHARED),
+        ]
+    )
+    tasks = {t.name: t for t in build_tasks(args)}
+    assert list(tasks) == ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"]
+    assert all(len(t.problems) == 2 and t.setting.max_new_tokens == 64 for t in tasks.values())
+    assert (tasks["aime24"].setting.num_samples, tasks["aime24"].setting.temperature) == (4, 0.6)
+    assert tasks["math500"].setting.greedy and tasks["math500"].source.endswith("math500/test.jsonl")
+
+    args = parser.parse_args(
+        [
+            "eval",
+            "--bench",
+            "gsm8k,aime24",
+            "--bench",
+            "amc23",
+            "--temperature",
+            "0.7",
+            "--num-samples",
+            "3",
+            "--data-dir",
+            str(SHARED),
+        ]
+    )
+    tasks = build_tasks(args)
+    assert [t.name for t in tasks] == ["gsm8k", "aime24", "amc23"]
+    assert all((t.setting.greedy, t.setting.num_samples) == (False, 3) for t in tasks)
+    with pytest.raises(EvalError, match="no benchmark given"):
+        build_tasks(parser.parse_args(["eval"]))
+    with pytest.raises(EvalError, match="greedy decoding gives one response"):
+        build_tasks(parser.parse_args(["eval", "--bench", "gsm8k", "--num-samples", "4"]))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["eval", "--bench", "gsm8k", "--pass-k", "0,2"])
