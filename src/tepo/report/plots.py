@@ -122,6 +122,9 @@ def _draw_band(ax, runs_by_method: dict[str, list[list[dict]]], key: str, label:
         drawn = True
     if not drawn:
         ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="grey")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_title(label, fontsize=10)
     ax.set_xlabel("step", fontsize=8)
     ax.tick_params(labelsize=8)
