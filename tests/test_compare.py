@@ -56,9 +56,12 @@ def make_run(
             "reward_last_third": sum(rewards[-third:]) / third,
         }
         (run_dir / "summary.json").write_text(json.dumps(summary))
-    for name, acc in (benchmarks or {}).items():
-        (run_dir / "eval" / name).mkdir(parents=True, exist_ok=True)
-        (run_dir / "eval" / name / "results.json").write_text(json.dumps({"metrics": {"accuracy": acc}}))
+    if benchmarks:  # as `tepo eval --output-dir <run_dir>/eval/final` writes it
+        (run_dir / "eval" / "final").mkdir(parents=True, exist_ok=True)
+        results = {
+            "benchmarks": {name: {"num_problems": 10, "accuracy": acc} for name, acc in benchmarks.items()}
+        }
+        (run_dir / "eval" / "final" / "results.json").write_text(json.dumps(results))
     return run_dir
 
 

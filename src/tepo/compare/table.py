@@ -4,9 +4,8 @@
 Columns, from each run directory:
 
 - ``held-out``: greedy accuracy of the final policy on the run's held-out set (``summary.json`` ``after``),
-- one column per benchmark evaluated with ``tepo eval`` into ``<run_dir>/eval/<benchmark>/results.json``
-  (the first of ``accuracy``, ``greedy_accuracy``, ``mean_accuracy`` found at the top level or under
-  ``metrics`` / ``summary``),
+- one column per benchmark evaluated with ``tepo eval --output-dir <run_dir>/eval/...`` (its ``results.json``
+  ``benchmarks.<name>.accuracy``; see :func:`benchmark_scores`),
 - ``avg``: per seed, the mean of that seed's benchmark columns (held-out included), then the interval over seeds;
   shown only when there are at least two benchmark columns,
 - ``sampled``: held-out accuracy of one sample at ``eval.temperature``,
@@ -62,17 +61,30 @@ def _read_json(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def _accuracy(node) -> float | None:
+    if not isinstance(node, dict):
+        return None
+    return next((_number(node[k]) for k in _BENCH_KEYS if _number(node.get(k)) is not None), None)
+
+
 def benchmark_scores(run_dir: Path) -> dict[str, float]:
-    """``{benchmark: accuracy}`` from ``<run_dir>/eval/<benchmark>/results.json`` files, where present."""
+    """``{benchmark: accuracy}`` from ``tepo eval`` output under ``<run_dir>/eval/`` (any depth), where present.
+
+    A ``results.json`` of ``tepo eval`` holds ``{"benchmarks": {name: {"accuracy": ...}}}``; a file without that
+    mapping counts as one benchmark named after its folder, with ``accuracy`` at its top level or under
+    ``metrics`` / ``summary``. Later files (by path order) win for a repeated name.
+    """
     scores = {}
-    for path in sorted(Path(run_dir).glob("eval/*/results.json")):
+    for path in sorted(Path(run_dir).glob("eval/**/results.json")):
         data = _read_json(path) or {}
+        if isinstance(data.get("benchmarks"), dict):
+            for name, metrics in data["benchmarks"].items():
+                if (acc := _accuracy(metrics)) is not None:
+                    scores[str(name)] = acc
+            continue
         for node in (data, data.get("metrics"), data.get("summary")):
-            if not isinstance(node, dict):
-                continue
-            found = next((_number(node[k]) for k in _BENCH_KEYS if _number(node.get(k)) is not None), None)
-            if found is not None:
-                scores[path.parent.name] = found
+            if (acc := _accuracy(node)) is not None:
+                scores[path.parent.name] = acc
                 break
     return scores
 
