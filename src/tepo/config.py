@@ -148,7 +148,15 @@ def _read_yaml(source: str) -> tuple[dict, str]:
     """A YAML file by path, or a preset by name (``tepo``, ``grpo``...)."""
     path = Path(source)
     if path.is_file():
-        text, where = path.read_text(encoding="utf-8"), str(path)
+        where = str(path)
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"{where}: not valid UTF-8 (byte {err.start}); expected a UTF-8 YAML file"
+            ) from None
+        except OSError as err:
+            raise ConfigError(f"{where}: cannot be read ({err.strerror})") from None
     else:
         preset = resources.files("tepo.configs") / f"{path.stem}.yaml"
         if "/" in source or not preset.is_file():
