@@ -1,0 +1,158 @@
+"""Numerical faults in training (issue 6): a step whose loss or gradient is NaN/inf is skipped and counted, never
+applied; after ``train.max_bad_steps`` such steps in a row the run stops with ``TrainingStopped`` and its last
+good checkpoint is intact. Faults are injected by wrapping ``tepo.train.compute_policy_loss``; everything else
+(the embedded model, rollout, reward pool, optimizer, checkpoints) is real."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import tepo.train
+from tepo.checkpoint import find_latest_checkpoint
+from tepo.config import load_config
+from tepo.metrics import read_metrics
+from tepo.train import Trainer, TrainingStopped
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Two threads oversubscribe the two shared cores (see tests/test_rollout.py).
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class _InfGradient(torch.autograd.Function):
+    """Identity in the forward pass (the loss stays finite), +inf in the backward pass."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("inf")
+
+
+def inject(monkeypatch, faults: dict[int, str]) -> list[int]:
+    """Make the n-th call (1-based) of the policy loss return a NaN loss ("nan") or an infinite gradient ("inf")."""
+    real = tepo.train.compute_policy_loss
+    calls = []
+
+    def faulty(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        calls.append(len(calls) + 1)
+        fault = faults.get(len(calls))
+        if fault == "nan":
+            loss = loss * float("nan")
+        elif fault == "inf":
+            loss = _InfGradient.apply(loss)
+        return loss, metrics
+
+    monkeypatch.setattr(tepo.train, "compute_policy_loss", faulty)
+    return calls
+
+
+def tiny(tmp_path, *extra):
+    # One micro-batch per step (4 sequences <= micro_batch_size), so loss call n is step n.
+    return load_config(
+        "default",
+        [
+            f"train.output_dir={tmp_path}",
+            "train.run_name=faults",
+            "train.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=4",
+            "train.micro_batch_size=8",
+            "eval.size=0",
+            "train.save_every=1",
+            "reward.num_workers=1",
+            "log.progress=false",
+            "optim.lr=1e-3",
+            "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the rewards
+            *extra,
+        ],
+    )
+
+
+def _same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _spy_on_updates(monkeypatch) -> dict[int, dict]:
+    """Copies of the weights and optimizer state as each step's update begins, by step (1-based)."""
+    real = Trainer._update
+    seen = {}
+
+    def spy(self, *args, **kwargs):
+        seen[self.step + 1] = {
+            "weights": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+        }
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_update", spy)
+    return seen
+
+
+def _same_optimizer(a: dict, b: dict) -> bool:
+    if a["state"].keys() != b["state"].keys():
+        return False
+    return all(
+        torch.equal(a["state"][k][name], b["state"][k][name]) for k in a["state"] for name in a["state"][k]
+    )
+
+
+def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch, embedded_model_dir):
+    """Steps: 1 NaN loss, 2 good (checkpoint), 3 NaN loss, 4 infinite gradient; max_bad_steps=2.
+
+    Step 1 is skipped and the good step 2 resets the count; steps 3 and 4 are two bad steps in a row, so the run
+    stops at step 4 with the step-2 checkpoint intact. No bad step changes a weight or an optimizer moment.
+    """
+    calls = inject(monkeypatch, {1: "nan", 3: "nan", 4: "inf"})
+    seen = _spy_on_updates(monkeypatch)
+    config = tiny(tmp_path, "train.steps=6", "train.max_bad_steps=2", "train.save_every=2")
+    run_dir = tmp_path / "faults"
+    run_dir.mkdir()
+    messages = []
+    trainer = Trainer(config, run_dir, log=messages.append)
+    with pytest.raises(TrainingStopped, match=r"2 steps in a row had a non-finite loss or gradient") as err:
+        trainer.run()
+    assert "checkpoints" in str(err.value) and "intact" in str(err.value)
+    assert calls == [1, 2, 3, 4], "the run went on after the limit, or stopped early"
+    assert trainer.step == 4
+
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    by_step = {row["step"]: row for row in rows}
+    assert [r["step"] for r in rows][:3] == [1, 2, 3] and max(by_step) <= 4
+    assert [by_step[s]["skipped_updates"] for s in (1, 2, 3)] == [1, 0, 1]
+    assert [by_step[s]["optimizer_updates"] for s in (1, 2, 3)] == [0, 1, 0]
+
+    initial = load_file(str(embedded_model_dir / "model.safetensors"))
+    before_2, before_3 = seen[2]["weights"], seen[3]["weights"]
+    # Step 1 (NaN loss) changed nothing; step 2 (good) changed the weights (the entropy gradient is non-zero).
+    assert _same({k: before_2[k] for k in initial}, initial)
+    assert seen[2]["optimizer"]["state"] == {}, "a skipped first step must not create Adam moments"
+    assert not _same({k: before_3[k] for k in initial}, initial)
+    # Steps 3 (NaN loss) and 4 (infinite gradient) changed neither the weights nor Adam's moments.
+    current = {k: v.detach() for k, v in trainer.model.state_dict().items()}
+    assert _same(current, before_3)
+    assert _same_optimizer(trainer.optimizer.state_dict(), seen[3]["optimizer"])
+    assert all(torch.isfinite(v).all() for v in current.values())
+
+    # The stopped step wrote no checkpoint; the newest one is intact and holds the last good weights.
+    latest = find_latest_checkpoint(run_dir, warn=messages.append)
+    assert latest is not None and latest.step == 2
+    assert not [m for m in messages if "skipping" in m]
+    saved = load_file(str(latest.path / "model.safetensors"))
+    assert _same(saved, {k: before_3[k] for k in saved})
+    state = torch.load(latest.path / "state.pt", weights_only=True)
+    assert state["bad_steps_in_row"] == 0 and state["step"] == 2
+    assert _same_optimizer(state["optimizer"], seen[3]["optimizer"])
