@@ -1,0 +1,83 @@
+"""Helpers shared by the step benchmarks: subprocess runs that print one JSON line, memory, load, statistics.
+
+Every measured configuration runs in its own fresh Python process so that peak resident memory (``ru_maxrss``)
+belongs to that configuration alone, and the parent alternates configurations (A, B, A, B, ...) so that a change
+in machine load (other jobs on the shared cores) hits both sides alike. Ratios are therefore more trustworthy than
+the absolute seconds, which move with the load average printed next to them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+RESULT_PREFIX = "BENCH_RESULT "
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, MiB (Linux reports ``ru_maxrss`` in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def load_average() -> tuple[float, float, float]:
+    return os.getloadavg()
+
+
+def set_threads(threads: int | None) -> None:
+    """Fix torch's intra-op threads (and OpenMP's) before any work: on shared cores, spinning OpenMP threads that
+    wait for a busy core make 2 threads several times slower than 1 (measured here)."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def emit(result: dict) -> None:
+    """Print the worker's result as one prefixed JSON line (the parent ignores everything else on stdout)."""
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+def run_worker(argv: list[str], *, env: dict | None = None, timeout: float = 3600) -> dict:
+    """Run ``python argv...`` in a fresh process; return its result dict (or an ``error`` entry on failure)."""
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+    wall = time.perf_counter() - start
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            result = json.loads(line[len(RESULT_PREFIX) :])
+            result["process_wall_seconds"] = wall
+            return result
+    tail = (proc.stderr or proc.stdout)[-3000:]
+    return {"error": f"worker {' '.join(argv)} exited {proc.returncode} without a result:\n{tail}"}
+
+
+def median(values) -> float:
+    values = [v for v in values if v is not None and v == v]
+    return statistics.median(values) if values else float("nan")
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def fmt(x: float, digits: int = 2) -> str:
+    return "n/a" if x is None or x != x else f"{x:.{digits}f}"

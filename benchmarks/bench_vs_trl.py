@@ -1,0 +1,442 @@
+"""One training step, tepo vs TRL 1.16 ``GRPOTrainer``, side by side on this machine, with ratios.
+
+    .venv/bin/python benchmarks/bench_vs_trl.py --quick         # ~4-6 min: 2 rounds x (1 warm-up + 2 steps)
+    .venv/bin/python benchmarks/bench_vs_trl.py                 # 3 rounds x (1 warm-up + 3 steps)
+    .venv/bin/python benchmarks/bench_vs_trl.py --variants ours,ours_bf16_rollout,trl --json out.json
+
+The workload (issue 8): the embedded model (SmolLM2-135M-Instruct, float32 master weights), procedural arithmetic
+prompts, 4 prompts x 8 samples, 64 new tokens, one optimizer update per rollout, temperature 1 / top-p 1 / top-k
+off, lr 2e-5, grad-norm clip 1, no KL term, the same math-verify reward (``tepo.rewards.MathRewardPool``, 2
+workers) on both sides, and the same loss: TEPO v1 = TRL's ``importance_sampling_level="sequence"`` with
+``loss_type="dapo"`` (token-mean over the batch), eps 0.2. Both sides run forward/backward under bf16 autocast
+with float32 weights (TRL: ``bf16=True``, its default; tepo: ``model.autocast_bf16``) and generate in float32
+unless a variant says otherwise. With one update per rollout neither side runs a separate old-log-prob pass
+(TRL: ``steps_per_generation == gradient_accumulation_steps``; tepo: the update's forward supplies them).
+Micro-batches: 16 sequences on both sides (TRL: per-device batch 16 x 2 accumulation steps).
+
+Each side runs in its own subprocess (so peak RSS is its own), alternating A, B, A, B, ...; each subprocess
+runs ``--warmup`` unmeasured steps and then ``--steps`` measured ones. Reported: medians over all measured steps,
+and the ratio tepo/TRL of each. Both sides get the same torch thread count (``--threads``, default 1: on the
+shared, loaded 2-core machine 2 threads were measured 5-7x slower than 1).
+
+Per-phase times: tepo's own metrics (``gen_seconds``, ``logprob_seconds``, ``update_seconds``,
+``reward_seconds``, ``step_seconds``); for TRL, timers wrapped around ``_generate_single_turn`` (generation),
+``_calculate_rewards`` (rewards), no-grad ``_get_per_token_logps_and_entropies`` (old/ref log-probs), and a
+callback from step begin to step end (step); TRL's update = step - ``_generate_and_score_completions``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import (
+    current_rss_mb,
+    emit,
+    fmt,
+    load_average,
+    median,
+    peak_rss_mb,
+    ratio,
+    run_worker,
+    set_threads,
+)
+
+PROMPTS, SAMPLES, NEW_TOKENS = 4, 8, 64
+MICRO_BATCH = 16
+LR, EPS, SEED = 2e-5, 0.2, 0
+REWARD_WORKERS = 2
+INSTRUCTION = "Give the final answer as a number."
+
+
+def fused_adamw(trainer) -> None:
+    """Trainer patch: ``torch.optim.AdamW(..., fused=True)`` instead of the default (foreach) implementation.
+
+    Same update rule; the fused CPU kernel walks each parameter once instead of building parameter-sized
+    temporaries for the whole model (the foreach path's ``sqrt(v)`` list alone is one more copy of the weights)."""
+    import torch
+
+    from tepo.train import _lr_lambda, updates_per_step
+
+    c = trainer.config
+    trainer.optimizer = torch.optim.AdamW(
+        trainer.model.parameters(),
+        lr=c.optim.lr,
+        betas=c.optim.betas,
+        weight_decay=c.optim.weight_decay,
+        fused=True,
+    )
+    total_updates = c.train.steps * updates_per_step(c)
+    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, _lr_lambda(c, total_updates))
+
+
+def activation_checkpointing(trainer) -> None:
+    """Trainer patch: recompute each decoder layer's activations in backward instead of keeping them
+    (transformers' gradient checkpointing, non-reentrant). Gradients are unchanged (the recomputation runs the same
+    ops under the same autocast state); generation is unaffected (the rollout puts the model in eval mode)."""
+    trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+# tepo variants: name -> (extra config overrides, trainer patches applied after construction).
+OUR_VARIANTS = {
+    "ours": ([], []),
+    "ours_bf16_rollout": (["rollout.autocast_bf16=true"], []),
+    "ours_fused_adamw": ([], [fused_adamw]),
+    "ours_ckpt": ([], [activation_checkpointing]),
+    "ours_tuned": (["rollout.autocast_bf16=true"], [fused_adamw, activation_checkpointing]),
+}
+PHASES = ("gen_seconds", "logprob_seconds", "update_seconds", "reward_seconds", "step_seconds")
+
+
+def our_overrides(workload: dict, tmp: str) -> list[str]:
+    return [
+        f"train.output_dir={tmp}",
+        "train.run_name=bench",
+        f"train.steps={workload['warmup'] + workload['steps']}",
+        f"train.prompts_per_step={workload['prompts']}",
+        f"rollout.group_size={workload['samples']}",
+        f"rollout.max_new_tokens={workload['new_tokens']}",
+        "rollout.temperature=1.0",
+        "rollout.top_p=1.0",
+        "train.ppo_epochs=1",
+        f"train.micro_batch_size={MICRO_BATCH}",
+        f"train.seed={SEED}",
+        f"optim.lr={LR}",
+        "optim.max_grad_norm=1.0",
+        "model.autocast_bf16=true",
+        f"reward.num_workers={REWARD_WORKERS}",
+        "eval.size=0",
+        "train.save_every=0",
+        "log.progress=false",
+    ]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Workers (each runs in its own process)
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _ours_worker(args, workload: dict) -> dict:
+    from tepo.config import load_config
+    from tepo.rewards import MathRewardPool
+    from tepo.train import Trainer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        extra, patches = OUR_VARIANTS[args.worker]
+        config = load_config("tepo", our_overrides(workload, tmp) + extra + list(args.override or []))
+        start = time.perf_counter()
+        trainer = Trainer(config, Path(tmp) / "bench", log=lambda *_: None)
+        for patch in patches:
+            patch(trainer)
+        load_seconds = time.perf_counter() - start
+        rss_after_load = current_rss_mb()
+        rows = []
+        with MathRewardPool(num_workers=REWARD_WORKERS, timeout_s=config.reward.timeout_s) as pool:
+            for _ in range(workload["warmup"] + workload["steps"]):
+                cpu_start = time.process_time()
+                row = trainer.train_step(pool)
+                cpu = time.process_time() - cpu_start
+                trainer.step += 1
+                rows.append(
+                    {
+                        "step_cpu_seconds": cpu,
+                        **{k: float(row.get(k, 0.0) or 0.0) for k in PHASES},
+                        "gen_tokens": float(row["gen_tokens"]),
+                        "update_tokens": float(row["response_length_mean"] * row["num_sequences"]),
+                        "reward_mean": float(row["reward_mean"]),
+                        "loss": float(row["loss"]),
+                    }
+                )
+    return {"load_seconds": load_seconds, "rss_after_load_mb": rss_after_load, "rows": rows}
+
+
+def _trl_worker(args, workload: dict) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from tepo.data import load_problems
+    from tepo.models import load_model_and_tokenizer
+    from tepo.rewards import MathRewardPool
+
+    timers: dict[str, float] = {}
+
+    def timed(name, fn):
+        def wrapper(*a, **k):
+            if name == "logprob_seconds" and torch.is_grad_enabled():
+                return fn(*a, **k)  # the update's own forward: counted in the update
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                timers[name] = timers.get(name, 0.0) + time.perf_counter() - start
+
+        return wrapper
+
+    class TimedGRPOTrainer(GRPOTrainer):
+        def _generate_single_turn(self, *a, **k):
+            return timed("gen_seconds", super()._generate_single_turn)(*a, **k)
+
+        def _calculate_rewards(self, *a, **k):
+            return timed("reward_seconds", super()._calculate_rewards)(*a, **k)
+
+        def _get_per_token_logps_and_entropies(self, *a, **k):
+            return timed("logprob_seconds", super()._get_per_token_logps_and_entropies)(*a, **k)
+
+        def _generate_and_score_completions(self, *a, **k):
+            out = timed("collect_seconds", super()._generate_and_score_completions)(*a, **k)
+            tokens = float(out["completion_mask"].sum())
+            timers["gen_tokens"] = timers.get("gen_tokens", 0.0) + tokens
+            return out
+
+    rows: list[dict] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *_a, **_k):
+            timers.clear()
+            timers["_start"] = time.perf_counter()
+            timers["_cpu"] = time.process_time()
+
+        def on_step_end(self, *_a, **_k):
+            step = time.perf_counter() - timers.pop("_start")
+            row = {k: timers.get(k, 0.0) for k in PHASES if k != "step_seconds"}
+            row["step_seconds"] = step
+            row["step_cpu_seconds"] = time.process_time() - timers.pop("_cpu")
+            row["update_seconds"] = step - timers.get("collect_seconds", 0.0)
+            row["gen_tokens"] = row["update_tokens"] = timers.get("gen_tokens", 0.0)
+            rows.append(row)
+
+    problems = load_problems("arithmetic", split="train", limit=512, seed=SEED)
+    data = Dataset.from_list(
+        [
+            {
+                "prompt": [{"role": "user", "content": f"{p.problem} {INSTRUCTION}".strip()}],
+                "answer": p.answer,
+            }
+            for p in problems
+        ]
+    )
+    pool = MathRewardPool(num_workers=REWARD_WORKERS, timeout_s=5.0)
+
+    def math_reward(completions, answer, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [float(r.reward) for r in pool.score(texts, list(answer))]
+
+    total = workload["prompts"] * workload["samples"]
+    micro = min(MICRO_BATCH, total)
+    if total % micro:
+        raise SystemExit(f"prompts x samples = {total} must be a multiple of {micro} for TRL's accumulation")
+    start = time.perf_counter()
+    model, tokenizer = load_model_and_tokenizer(None)
+    steps = workload["warmup"] + workload["steps"]
+    with tempfile.TemporaryDirectory() as tmp:
+        config = GRPOConfig(
+            output_dir=tmp,
+            use_cpu=True,
+            bf16=True,
+            per_device_train_batch_size=micro,
+            gradient_accumulation_steps=total // micro,
+            num_generations=workload["samples"],
+            max_completion_length=workload["new_tokens"],
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            repetition_penalty=1.0,
+            num_iterations=1,
+            beta=0.0,
+            epsilon=EPS,
+            importance_sampling_level="sequence",
+            loss_type="dapo",
+            learning_rate=LR,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            max_steps=steps,
+            logging_steps=1,
+            save_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            seed=SEED,
+            dataloader_num_workers=0,
+        )
+        trainer = TimedGRPOTrainer(
+            model=model,
+            reward_funcs=math_reward,
+            args=config,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[StepTimer()],
+        )
+        load_seconds = time.perf_counter() - start
+        rss_after_load = current_rss_mb()
+        try:
+            trainer.train()
+        finally:
+            pool.close()
+    return {"load_seconds": load_seconds, "rss_after_load_mb": rss_after_load, "rows": rows}
+
+
+def worker_main(args) -> None:
+    set_threads(args.threads)
+    workload = json.loads(args.workload)
+    fn = _trl_worker if args.worker == "trl" else _ours_worker
+    result = fn(args, workload)
+    rows = result["rows"][workload["warmup"] :]
+    result.update(
+        side=args.worker,
+        measured_rows=rows,
+        peak_rss_mb=peak_rss_mb(),
+        threads=args.threads,
+    )
+    del result["rows"]
+    emit(result)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Parent: alternate the sides, aggregate, print ratios
+# --------------------------------------------------------------------------------------------------------------
+
+
+def summarize_side(runs: list[dict]) -> dict:
+    rows = [r for run in runs for r in run["measured_rows"]]
+    out = {f"{k}_median": median(r[k] for r in rows) for k in PHASES}
+    out["step_cpu_seconds_median"] = median(r.get("step_cpu_seconds") for r in rows)
+    out["gen_tokens_per_s"] = median(r["gen_tokens"] / r["gen_seconds"] for r in rows if r["gen_seconds"])
+    out["update_tokens_per_s"] = median(
+        r["update_tokens"] / r["update_seconds"] for r in rows if r["update_seconds"]
+    )
+    out["gen_tokens_median"] = median(r["gen_tokens"] for r in rows)
+    out["peak_rss_mb"] = median(run["peak_rss_mb"] for run in runs)
+    out["peak_rss_mb_max"] = max(run["peak_rss_mb"] for run in runs)
+    out["rss_after_load_mb"] = median(run["rss_after_load_mb"] for run in runs)
+    out["load_seconds"] = median(run["load_seconds"] for run in runs)
+    out["measured_steps"] = len(rows)
+    out["step_seconds_all"] = [round(r["step_seconds"], 2) for r in rows]
+    return out
+
+
+def print_table(summary: dict, baseline: str = "trl") -> None:
+    base = summary[baseline]
+    metrics = [
+        ("step s (median)", "step_seconds_median", "lower"),
+        ("step CPU s (this proc)", "step_cpu_seconds_median", "lower"),
+        ("generation s", "gen_seconds_median", "lower"),
+        ("old/ref log-prob s", "logprob_seconds_median", "lower"),
+        ("update s", "update_seconds_median", "lower"),
+        ("reward s", "reward_seconds_median", "lower"),
+        ("generation tok/s", "gen_tokens_per_s", "higher"),
+        ("update tok/s", "update_tokens_per_s", "higher"),
+        ("peak RSS MiB", "peak_rss_mb", "lower"),
+        ("RSS after load MiB", "rss_after_load_mb", "lower"),
+        ("generated tokens/step", "gen_tokens_median", ""),
+    ]
+    sides = list(summary)
+    print(
+        f"{'metric':24s}"
+        + "".join(f"{s:>20s}" for s in sides)
+        + "".join(f"{s + '/' + baseline:>26s}" for s in sides if s != baseline)
+    )
+    for label, key, _ in metrics:
+        cells = "".join(f"{fmt(summary[s][key]):>20s}" for s in sides)
+        ratios = "".join(f"{fmt(ratio(summary[s][key], base[key])):>26s}" for s in sides if s != baseline)
+        print(f"{label:24s}{cells}{ratios}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="2 rounds, 1 warm-up + 2 measured steps per run")
+    parser.add_argument("--rounds", type=int, default=None, help="A/B alternations (default 3; quick 2)")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps per run (default 3; quick 2)")
+    parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps at the start of each run")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads on both sides (0: torch default)"
+    )
+    parser.add_argument("--variants", default="ours,trl", help=f"comma list of {list(OUR_VARIANTS)} and trl")
+    parser.add_argument("--prompts", type=int, default=PROMPTS)
+    parser.add_argument("--samples", type=int, default=SAMPLES)
+    parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument("--json", help="write the full results here")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--workload", help=argparse.SUPPRESS)
+    parser.add_argument("--override", action="append", help="extra tepo config override (ours variants only)")
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker_main(args)
+        return
+
+    rounds = args.rounds or (2 if args.quick else 3)
+    steps = args.steps or (2 if args.quick else 3)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in variants if v != "trl" and v not in OUR_VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; choose from {list(OUR_VARIANTS)} and trl")
+    workload = {
+        "prompts": args.prompts,
+        "samples": args.samples,
+        "new_tokens": args.new_tokens,
+        "warmup": args.warmup,
+        "steps": steps,
+    }
+    print(f"workload {workload}, threads {args.threads}, rounds {rounds}, variants {variants}", flush=True)
+    print(f"load average at start: {load_average()}", flush=True)
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    loads = []
+    for round_index in range(rounds):
+        # Alternate the order too, so neither side always runs first in a round.
+        order = variants if round_index % 2 == 0 else variants[::-1]
+        for side in order:
+            argv = [
+                __file__,
+                "--worker",
+                side,
+                "--workload",
+                json.dumps(workload),
+                "--threads",
+                str(args.threads),
+            ]
+            for item in args.override or []:
+                argv += ["--override", item]
+            loads.append(load_average()[0])
+            result = run_worker(argv)
+            if "error" in result:
+                print(result["error"], file=sys.stderr)
+                sys.exit(1)
+            runs[side].append(result)
+            steps_s = [round(r["step_seconds"], 1) for r in result["measured_rows"]]
+            print(
+                f"round {round_index + 1} {side:>18s}: step s {steps_s}, peak RSS {result['peak_rss_mb']:.0f} MiB,"
+                f" load avg {loads[-1]:.2f}",
+                flush=True,
+            )
+    summary = {side: summarize_side(r) for side, r in runs.items()}
+    print(
+        f"\nload average (1 min) during the runs: min {min(loads):.2f}, max {max(loads):.2f}; end {load_average()}"
+    )
+    print_table(summary, "trl" if "trl" in summary else variants[-1])
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "workload": workload,
+                    "threads": args.threads,
+                    "loads": loads,
+                    "summary": summary,
+                    "runs": runs,
+                },
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
