@@ -117,6 +117,8 @@ class LogConfig:
     wandb: bool = False
     wandb_project: str = "tepo"
     progress: bool = True
+    samples_every: int = 1  # write per-token entropy/advantage of sample rollouts every N steps (0: never)
+    samples_rows: int | None = 16  # rows per recorded step (None: all)
 
 
 @dataclass
@@ -472,6 +474,16 @@ def needs_reference_model(algo: AlgorithmConfig) -> bool:
 
 
 def save_config(config: RunConfig, path: Path) -> None:
+    """Write ``config.yaml`` atomically: a run killed mid-write keeps the old file (or none), never half of one,
+    so ``tepo train --resume`` can always read it."""
+    import os
+
     data = config.to_dict()
     data["optim"]["betas"] = list(data["optim"]["betas"])
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(yaml.safe_dump(data, sort_keys=False))
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
