@@ -55,6 +55,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def atomic_write_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` so that a kill leaves the old content or the new, never a torn file
+    (for small run files such as ``eval_before.json`` and ``summary.json``)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
 def rng_state() -> dict:
     return {
         "torch": torch.get_rng_state(),
