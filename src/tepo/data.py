@@ -6,7 +6,8 @@ string (math-verify parses it later). Sources:
 - a JSONL or Parquet path (``../shared/data/gsm8k/train.jsonl`` works as it is),
 - a Hugging Face dataset name (``openai/gsm8k``; needs the ``hf-datasets`` extra and a reachable hub or cache),
 - a procedural task name: ``arithmetic`` (the embedded default: single-digit addition and multiplication as short
-  word problems) or ``arithmetic-multistep`` (two-digit, two-step problems, where the embedded model starts low).
+  word problems), ``arithmetic-multistep`` (two-digit, two-step problems, where the embedded model starts near 0)
+  or ``arithmetic-mix`` (equal shares of three levels: the default comparison task, ``tepo.compare.tasks``).
 
 Bad input fails before any model is loaded, with one message naming the file, the line and the field.
 """
@@ -20,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-PROCEDURAL_TASKS = ("arithmetic", "arithmetic-multistep")
+PROCEDURAL_TASKS = ("arithmetic", "arithmetic-multistep", "arithmetic-mix")
 
 DEFAULT_INSTRUCTION = "Answer with the final number in \\boxed{}."
 
@@ -57,6 +58,10 @@ def load_problems(
     many to make (default 1,000). For files, every row must have a non-empty ``problem_field`` and
     ``answer_field`` (numbers are accepted for the answer and turned into strings).
     """
+    if source == "arithmetic-mix":
+        from tepo.compare.tasks import make_mixture_problems  # the comparison task: a graded mixture
+
+        return make_mixture_problems(limit or 1000, split=split, seed=seed)
     if source in PROCEDURAL_TASKS:
         return make_arithmetic_problems(source, limit or 1000, split=split, seed=seed)
     path = Path(source).expanduser()

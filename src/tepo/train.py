@@ -40,6 +40,7 @@ from tepo.evaluate import accuracy, score_problems
 from tepo.logprobs import response_logprobs
 from tepo.losses import compute_policy_loss
 from tepo.metrics import MetricsLog, read_metrics, truncate_metrics
+from tepo.report.tokens import record_rollout_tokens, response_token_strings
 from tepo.rewards import MathRewardPool
 
 EVAL_BEFORE = "eval_before.json"
@@ -352,6 +353,20 @@ class Trainer:
         update_start = time.perf_counter()
         update_metrics = self._update(batch, advantages, old_logp, old_entropy, ref_logp)
         update_seconds = time.perf_counter() - update_start
+        token_entropy = update_metrics.pop("_token_entropy")
+        if c.log.samples_every and (self.step + 1) % c.log.samples_every == 0:
+            # For the report's token view (ERPO Fig. 1): pre-update entropy and advantage of each token.
+            # Without an old pass there is exactly one update, so epoch 0's entropy is the pre-update policy's.
+            record_rollout_tokens(
+                self.run_dir,
+                self.step + 1,
+                response_token_strings(self.tokenizer, batch.response_ids, mask),
+                old_entropy if old_entropy is not None else token_entropy,
+                advantages,
+                mask,
+                rewards,
+                max_rows=c.log.samples_rows,
+            )
         row.update(update_metrics)
         row["update_seconds"] = update_seconds
         row["update_tokens_per_s"] = float(mask.sum()) * c.train.ppo_epochs / max(update_seconds, 1e-9)
@@ -373,7 +388,8 @@ class Trainer:
         weights = defaultdict(float)
         grad_norms, skipped, updates = [], 0, 0
         generator = torch.Generator().manual_seed(c.train.seed * 7919 + self.step)
-        for _epoch in range(c.train.ppo_epochs):
+        token_entropy = torch.zeros_like(mask)
+        for epoch in range(c.train.ppo_epochs):
             # verl/DAPO shuffle groups between epochs; one epoch keeps rollout order (no randomness needed).
             order = (
                 torch.randperm(groups, generator=generator)
@@ -387,6 +403,8 @@ class Trainer:
                 finite = True
                 for micro in rows.split(c.train.micro_batch_size):
                     logp, ent, cols = self._logprobs(self.model, batch, micro, entropy=True, grad=True)
+                    if epoch == 0:
+                        token_entropy[micro, cols] = ent.detach().float()
                     m = mask[micro][:, cols]
                     adv = advantages[micro]
                     adv = adv[:, cols] if adv.dim() == 2 else adv
@@ -435,6 +453,7 @@ class Trainer:
         out["grad_norm_max"] = max(grad_norms) if grad_norms else float("nan")
         out["optimizer_updates"] = updates
         out["skipped_updates"] = skipped
+        out["_token_entropy"] = token_entropy
         return out
 
     # ---- evaluation -----------------------------------------------------------------------------------------

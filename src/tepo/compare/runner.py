@@ -164,21 +164,6 @@ def method_overrides(method: str) -> dict:
     )
 
 
-def _prepare_data(config_source: str, overrides: list[str], directory: Path) -> list[str]:
-    """``arithmetic-mix`` as files while ``tepo.data`` does not know the name (see ``tepo.compare.tasks``)."""
-    from tepo.compare.tasks import TASK_NAME, write_task_files
-    from tepo.data import PROCEDURAL_TASKS
-
-    probe = load_config(config_source, overrides)
-    if probe.data.source != TASK_NAME or TASK_NAME in PROCEDURAL_TASKS:
-        return []
-    data_dir = (directory / "data" / TASK_NAME).resolve()
-    train_path, test_path = data_dir / "train.jsonl", data_dir / "test.jsonl"
-    if not (train_path.exists() and test_path.exists()):
-        write_task_files(data_dir, seed=0, test_count=max(200, probe.eval.size))
-    return [f"data.source={json.dumps(str(train_path))}", f"eval.source={json.dumps(str(test_path))}"]
-
-
 def prompt_schedule_digest(config: RunConfig) -> str:
     """SHA-256 of the problems the trainer will draw, step by step (first draw of each step), for this config.
 
@@ -215,7 +200,6 @@ def plan_comparison(
         key = item.split("=", 1)[0].strip()
         if key in ("train.seed", "algorithm.loss"):
             raise ConfigError(f"override {item!r}: {key} is set by tepo compare (use --seeds / --losses)")
-    data_overrides = _prepare_data(base, overrides, directory)
     plan = ComparisonPlan(directory, list(methods), list(seeds), base, overrides, [])
     base_flat = _flat(load_config(base, overrides))
     for method in methods:
@@ -231,7 +215,6 @@ def plan_comparison(
             run_dir = directory / method / f"seed{seed}"
             items = (
                 [_override(k, v) for k, v in changes.items()]
-                + data_overrides
                 + overrides
                 + [
                     f"train.seed={seed}",

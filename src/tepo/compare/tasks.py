@@ -19,9 +19,7 @@ test streams never share a problem text, as for the other procedural tasks.
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 from tepo.data import Problem, _multi_step, _single_step
 
@@ -85,27 +83,3 @@ def make_mixture_problems(count: int, *, split: str = "train", seed: int = 0) ->
             Problem(id=f"{TASK_NAME}-{split}-{len(problems)}-L{level + 1}", problem=text, answer=str(answer))
         )
     return problems
-
-
-def write_task_files(
-    directory: Path, *, seed: int, train_count: int = 1000, test_count: int = 200
-) -> tuple[Path, Path]:
-    """Materialise the task as ``train.jsonl`` / ``test.jsonl`` under ``directory`` (for ``data.source`` paths).
-
-    Used by ``tepo compare`` until ``arithmetic-mix`` is a procedural task name in ``tepo.data``; the files hold
-    exactly what the generator makes, so a run on the files and a run on the name see the same problems.
-    """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for split, count in (("train", train_count), ("test", test_count)):
-        path = directory / f"{split}.jsonl"
-        lines = [
-            json.dumps({"id": p.id, "problem": p.problem, "answer": p.answer})
-            for p in make_mixture_problems(count, split=split, seed=seed)
-        ]
-        tmp = path.with_suffix(".jsonl.tmp")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        tmp.replace(path)
-        paths.append(path)
-    return paths[0], paths[1]
