@@ -525,9 +525,10 @@ class Trainer:
                 if before_path.exists():
                     before = json.loads(before_path.read_text())
                 else:
-                    self.log(
-                        f"evaluating the initial policy on {len(self.eval_problems)} held-out problems..."
-                    )
+                    if self.eval_problems:
+                        self.log(
+                            f"evaluating the initial policy on {len(self.eval_problems)} held-out problems"
+                        )
                     before = self.evaluate(pool)
                     before_path.write_text(json.dumps(before))
                 progress = _progress(c, initial=self.step)
@@ -552,7 +553,8 @@ class Trainer:
                         )
                 finally:
                     progress.close()
-                self.log("evaluating the trained policy...")
+                if self.eval_problems:
+                    self.log("evaluating the trained policy")
                 after = self.evaluate(pool)
         finally:
             metrics_log.close()
