@@ -37,6 +37,7 @@ from tepo.checkpoint import find_latest_checkpoint, load_checkpoint, rng_state, 
 from tepo.config import ConfigError, RunConfig, load_config, loss_options, needs_reference_model, save_config
 from tepo.data import PROCEDURAL_TASKS, Problem, PromptStream, build_prompt_ids, load_problems
 from tepo.evaluate import accuracy, score_problems
+from tepo.evaluate.benchmarks import benchmark_names, resolve_benchmark
 from tepo.logprobs import response_logprobs
 from tepo.losses import compute_policy_loss
 from tepo.metrics import MetricsLog, read_metrics, truncate_metrics
@@ -84,7 +85,9 @@ def load_datasets(config: RunConfig) -> tuple[list[Problem], list[Problem]]:
     )
     if config.eval.size == 0:
         return train, []
-    if config.eval.source:
+    if config.eval.source in benchmark_names():
+        held_out = resolve_benchmark(config.eval.source)[: config.eval.size]  # math500, gsm8k, aime24, ...
+    elif config.eval.source:
         held_out = load_problems(
             config.eval.source,
             problem_field=d.problem_field,
