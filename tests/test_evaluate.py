@@ -403,3 +403,17 @@ def test_cli_arguments_become_tasks():
         build_tasks(parser.parse_args(["eval", "--bench", "gsm8k", "--num-samples", "4"]))
     with pytest.raises(SystemExit):
         parser.parse_args(["eval", "--bench", "gsm8k", "--pass-k", "0,2"])
+
+
+def test_one_evaluation_at_a_time_per_output_dir(tmp_path):
+    from tepo.evaluate import evaluate_benchmarks
+    from tepo.evaluate.runner import _lock_output_dir
+
+    task = BenchmarkTask("gsm8k", [], make_setting())
+    busy = pytest.raises(EvalError, match=r"another tepo eval \(pid \d+\) is writing to")
+    with _lock_output_dir(tmp_path), busy:  # as if another tepo eval were running here
+        evaluate_benchmarks(None, None, [task], tmp_path, model_info={"spec": "embedded"}, progress=False)
+    report = evaluate_benchmarks(
+        None, None, [task], tmp_path, model_info={"spec": "embedded"}, progress=False
+    )
+    assert report.results["benchmarks"]["gsm8k"]["num_problems"] == 0  # the lock is released again

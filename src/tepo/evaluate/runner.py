@@ -75,6 +75,29 @@ def _write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def _lock_output_dir(output_dir: Path):
+    """Hold an exclusive lock on ``output_dir`` for the whole evaluation: two evaluations appending to one
+    ``samples.jsonl`` would interleave their lines. The lock goes with the process, so a killed run leaves none."""
+    import fcntl
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(output_dir / ".lock", "a+")  # noqa: SIM115 - closed by the caller's ExitStack
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "unknown"
+        handle.close()
+        raise EvalError(
+            f"another tepo eval (pid {owner}) is writing to {output_dir}; wait for it or use another --output-dir"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
 def _prepare_output_dir(
     output_dir: Path, model_info: dict, tasks: Sequence[BenchmarkTask], overwrite: bool
 ) -> None:
@@ -190,21 +213,24 @@ def evaluate_benchmarks(
     if len(set(names)) != len(names):
         raise EvalError(f"each benchmark may appear once, got {names}")
     output_dir = Path(output_dir)
-    _prepare_output_dir(output_dir, model_info, tasks, overwrite)
-    samples_path = output_dir / SAMPLES_FILE
-    records = read_samples(samples_path, warn=log)
+    with ExitStack() as stack:  # the lock, the pool and the progress bars
+        stack.enter_context(_lock_output_dir(output_dir))
+        _prepare_output_dir(output_dir, model_info, tasks, overwrite)
+        samples_path = output_dir / SAMPLES_FILE
+        records = read_samples(samples_path, warn=log)
 
-    results_path = output_dir / RESULTS_FILE
-    results = {"model": model_info, "benchmarks": {}}
-    if results_path.exists():
-        try:
-            results["benchmarks"] = dict(json.loads(results_path.read_text(encoding="utf-8"))["benchmarks"])
-        except (json.JSONDecodeError, KeyError, TypeError):
-            log(f"{results_path}: unreadable, rewriting it from {SAMPLES_FILE}")
-    results["protocol"] = protocol
+        results_path = output_dir / RESULTS_FILE
+        results = {"model": model_info, "benchmarks": {}}
+        if results_path.exists():
+            try:
+                results["benchmarks"] = dict(
+                    json.loads(results_path.read_text(encoding="utf-8"))["benchmarks"]
+                )
+            except (json.JSONDecodeError, KeyError, TypeError):
+                log(f"{results_path}: unreadable, rewriting it from {SAMPLES_FILE}")
+        results["protocol"] = protocol
 
-    outcomes = []
-    with ExitStack() as stack:
+        outcomes = []
         for task in tasks:
             done = _finished(records, task, samples_path)
             todo = [i for i in range(len(task.problems)) if i not in done]
@@ -259,7 +285,7 @@ def evaluate_benchmarks(
                     task.name, metrics, len(todo), len(task.problems) - len(todo), time.perf_counter() - start
                 )
             )
-    return EvalReport(results=results, outcomes=outcomes, output_dir=output_dir)
+        return EvalReport(results=results, outcomes=outcomes, output_dir=output_dir)
 
 
 def results_table(results: dict, names: Sequence[str] | None = None) -> str:
