@@ -16,6 +16,8 @@ from tepo.evaluate.settings import EvalSetting
 from tepo.rewards import MathRewardPool
 from tepo.rollout import HFRollout
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SHARED = Path("/work/shared/data")
 EMBEDDED_INFO = {"spec": "embedded", "kind": "embedded", "base_model": None, "checkpoint": None}
 EASY = [
@@ -24,15 +26,6 @@ EASY = [
     ("Compute 10-4.", "6"),
     ("What is half of 8?", "4"),
 ]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """One intra-op thread: on the shared 2-core machine two threads wait on each other (see test_rollout.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

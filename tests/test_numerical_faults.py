@@ -17,16 +17,7 @@ from tepo.config import load_config
 from tepo.metrics import read_metrics
 from tepo.train import Trainer, TrainingStopped
 
-pytestmark = pytest.mark.model
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Two threads oversubscribe the two shared cores (see tests/test_rollout.py).
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = [pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
 
 
 class _InfGradient(torch.autograd.Function):

@@ -8,18 +8,7 @@ import torch
 from tepo.logprobs import response_logprobs
 from tepo.rollout import HFRollout, RolloutBatch, make_rollout
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Run this module's model code on one intra-op thread, restoring the setting afterwards.
-
-    On the shared 2-core machine other processes keep the cores busy, and two OpenMP threads then wait on each
-    other: greedy generation of 4 x 16 tokens measured 12-16 s with 2 threads against 2.4 s with 1.
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 QUESTIONS = ["What is 2+3? Reply with the number only.", "Write a long story about a dragon and a castle."]
