@@ -21,24 +21,9 @@ from __future__ import annotations
 
 import random
 
-from tepo.data import Problem, _multi_step, _single_step
+from tepo.data import _BOXES, _NAMES, _THINGS, Problem, _multi_step, _single_step
 
 TASK_NAME = "arithmetic-mix"
-
-_NAMES = ("Tom", "Mia", "Sam", "Ana", "Leo", "Zoe", "Ben", "Ivy", "Max", "Eva", "Raj", "Kim")
-_THINGS = (
-    "apples",
-    "pencils",
-    "marbles",
-    "books",
-    "cookies",
-    "stickers",
-    "shells",
-    "cards",
-    "coins",
-    "stamps",
-)
-_BOXES = ("boxes", "bags", "baskets", "jars", "packs", "rows")
 
 
 def _two_digit_step(rng: random.Random) -> tuple[str, int]:
