@@ -9,8 +9,11 @@ prompts, 4 prompts x 8 samples, 64 new tokens, one optimizer update per rollout,
 off, lr 2e-5, grad-norm clip 1, no KL term, the same math-verify reward (``tepo.rewards.MathRewardPool``, 2
 workers) on both sides, and the same loss: TEPO v1 = TRL's ``importance_sampling_level="sequence"`` with
 ``loss_type="dapo"`` (token-mean over the batch), eps 0.2. Both sides run forward/backward under bf16 autocast
-with float32 weights (TRL: ``bf16=True``, its default; tepo: ``model.autocast_bf16``) and generate in float32
-unless a variant says otherwise. With one update per rollout neither side runs a separate old-log-prob pass
+with float32 weights (TRL: ``bf16=True``, its default; tepo: ``model.autocast_bf16``). Generation: TRL's
+``bf16=True`` makes accelerate wrap ``model.forward`` in bf16 autocast, and ``unwrap_model_for_generation``
+keeps that wrapper, so TRL *generates* under bf16 autocast too; tepo's CPU rollout default is float32
+(``rollout.autocast_bf16=None``), so the like-for-like tepo variant is ``ours_bf16_rollout`` / ``ours_tuned``.
+With one update per rollout neither side runs a separate old-log-prob pass
 (TRL: ``steps_per_generation == gradient_accumulation_steps``; tepo: the update's forward supplies them).
 Micro-batches: 16 sequences on both sides (TRL: per-device batch 16 x 2 accumulation steps).
 
