@@ -31,6 +31,7 @@ class ModelConfig:
     name: str | None = None  # Hugging Face name or local path; None = the embedded SmolLM2-135M-Instruct
     trust_remote_code: bool = False
     autocast_bf16: bool = True  # bf16 autocast for forward/backward on CPU, float32 master weights
+    gradient_checkpointing: bool = True  # recompute layer activations in backward (less memory, same values)
 
 
 @dataclass
