@@ -168,7 +168,14 @@ class Trainer:
             # Recompute each layer's activations in backward: one micro-batch's activation memory fell from
             # 2.1 to 0.9 GB with no measurable CPU cost (benchmarks/bench_vs_trl.py, docs/performance.md).
             # Generation is unaffected: the rollout runs the model in eval mode.
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(self.model, "activation_checkpointing_enable"):  # the transformers 5 name
+                self.model.activation_checkpointing_enable(
+                    activation_checkpointing_kwargs={"use_reentrant": False}
+                )
+            else:
+                self.model.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": False}
+                )
         self.ref_model = None
         if needs_reference_model(config.algorithm):
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
