@@ -320,3 +320,33 @@ def test_report_renders_in_headless_chromium(comparison_report, tmp_path):
     img = _image(shot)
     assert img.size == (1200, 900)
     assert _distinct_colours(img) > 50  # text, table and figures drew, not a blank page
+
+
+def test_training_curves_drop_identically_zero_panels():
+    from tepo.report.plots import _informative_curves
+
+    on_policy = [
+        {
+            "step": s,
+            "reward_mean": 0.1 * s,
+            "entropy_mean": 2.0,
+            "clip_frac_high": 0.0,
+            "approx_kl": 0.0,
+            "grad_norm": 1.0,
+            "response_length_mean": 40.0,
+            "frac_truncated": 0.5,
+            "step_seconds": 9.0,
+        }
+        for s in (1, 2, 3)
+    ]
+    keys = [key for key, _ in _informative_curves(on_policy)]
+    assert keys == [
+        "reward_mean",
+        "entropy_mean",
+        "grad_norm",
+        "response_length_mean",
+        "frac_truncated",
+        "step_seconds",
+    ]
+    clipped = [dict(row, clip_frac_high=0.02 * row["step"]) for row in on_policy]
+    assert "clip_frac_high" in [key for key, _ in _informative_curves(clipped)]

@@ -12,7 +12,26 @@ CURVES = (
     ("approx_kl", "approx. KL old->new (k3)"),
     ("grad_norm", "gradient norm (pre-clip)"),
     ("response_length_mean", "response length (tokens)"),
+    ("frac_truncated", "share truncated"),
+    ("step_seconds", "seconds per step"),
 )
+
+
+def _informative_curves(rows: list[dict], panels: int = 6) -> list[tuple[str, str]]:
+    """Reward and entropy, then the first other curves that are not identically 0.
+
+    With one update per rollout the ratio is exactly 1, so clip fractions and KL old->new are 0 at every step:
+    a flat zero panel tells nothing, so it gives way to the next curve (truncation, step time).
+    """
+    chosen = list(CURVES[:2])
+    for key, label in CURVES[2:]:
+        _, ys = _series(rows, key)
+        if len(chosen) < panels and any(y != 0 for y in ys):
+            chosen.append((key, label))
+    for key, label in CURVES[2:]:  # nothing informative left: fill with what exists, in order
+        if len(chosen) < panels and (key, label) not in chosen:
+            chosen.append((key, label))
+    return chosen
 
 
 def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
@@ -35,7 +54,7 @@ def plot_training_curves(
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, 3, figsize=(13, 7), constrained_layout=True)
-    for ax, (key, label) in zip(axes.flat, CURVES):
+    for ax, (key, label) in zip(axes.flat, _informative_curves(rows)):
         xs, ys = _series(rows, key)
         if xs:
             ax.plot(xs, ys, marker="o", markersize=3, linewidth=1.5)
