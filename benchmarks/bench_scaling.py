@@ -7,7 +7,7 @@ Two sweeps around the issue-8 workload (4 prompts x 8 samples, 64 new tokens): b
 and 32, 64, 128 new tokens at 4x8. Each shape runs in a fresh subprocess (the tepo worker of
 ``bench_vs_trl.py``: same config, one update per rollout, bf16 autocast for the update, ``--threads`` torch
 threads), so its peak resident memory is its own. ``--variant`` picks a ``bench_vs_trl`` variant (e.g.
-``ours_tuned``); ``--with-trl`` runs TRL's ``GRPOTrainer`` on every shape too (slow: about 2x tepo's time).
+``ours_untuned``); ``--with-trl`` runs TRL's ``GRPOTrainer`` on every shape too (slow: about 2x tepo's time).
 
 Sampling is at temperature 1 from an instruction model: responses often stop before the token limit, so the
 tokens actually generated per step are printed next to each shape.

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_vs_trl.py --quick         # ~4-6 min: 2 rounds x (1 warm-up + 2 steps)
     .venv/bin/python benchmarks/bench_vs_trl.py                 # 3 rounds x (1 warm-up + 3 steps)
-    .venv/bin/python benchmarks/bench_vs_trl.py --variants ours,ours_bf16_rollout,trl --json out.json
+    .venv/bin/python benchmarks/bench_vs_trl.py --variants ours,ours_untuned,trl --json out.json
 
 The workload (issue 8): the embedded model (SmolLM2-135M-Instruct, float32 master weights), procedural arithmetic
 prompts, 4 prompts x 8 samples, 64 new tokens, one optimizer update per rollout, temperature 1 / top-p 1 / top-k
@@ -11,8 +11,8 @@ workers) on both sides, and the same loss: TEPO v1 = TRL's ``importance_sampling
 ``loss_type="dapo"`` (token-mean over the batch), eps 0.2. Both sides run forward/backward under bf16 autocast
 with float32 weights (TRL: ``bf16=True``, its default; tepo: ``model.autocast_bf16``). Generation: TRL's
 ``bf16=True`` makes accelerate wrap ``model.forward`` in bf16 autocast, and ``unwrap_model_for_generation``
-keeps that wrapper, so TRL *generates* under bf16 autocast too; tepo's CPU rollout default is float32
-(``rollout.autocast_bf16=None``), so the like-for-like tepo variant is ``ours_bf16_rollout`` / ``ours_tuned``.
+keeps that wrapper, so TRL *generates* under bf16 autocast too, as tepo's default preset does
+(``rollout.autocast_bf16: true``; ``ours_fp32_rollout`` switches it off).
 With one update per rollout neither side runs a separate old-log-prob pass
 (TRL: ``steps_per_generation == gradient_accumulation_steps``; tepo: the update's forward supplies them).
 Micro-batches: 16 sequences on both sides (TRL: per-device batch 16 x 2 accumulation steps).
@@ -58,41 +58,15 @@ REWARD_WORKERS = 2
 INSTRUCTION = "Give the final answer as a number."
 
 
-def fused_adamw(trainer) -> None:
-    """Trainer patch: ``torch.optim.AdamW(..., fused=True)`` instead of the default (foreach) implementation.
-
-    Same update rule; the fused CPU kernel walks each parameter once instead of building parameter-sized
-    temporaries for the whole model (the foreach path's ``sqrt(v)`` list alone is one more copy of the weights)."""
-    import torch
-
-    from tepo.train import _lr_lambda, updates_per_step
-
-    c = trainer.config
-    trainer.optimizer = torch.optim.AdamW(
-        trainer.model.parameters(),
-        lr=c.optim.lr,
-        betas=c.optim.betas,
-        weight_decay=c.optim.weight_decay,
-        fused=True,
-    )
-    total_updates = c.train.steps * updates_per_step(c)
-    trainer.scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, _lr_lambda(c, total_updates))
-
-
-def activation_checkpointing(trainer) -> None:
-    """Trainer patch: recompute each decoder layer's activations in backward instead of keeping them
-    (transformers' gradient checkpointing, non-reentrant). Gradients are unchanged (the recomputation runs the same
-    ops under the same autocast state); generation is unaffected (the rollout puts the model in eval mode)."""
-    trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-# tepo variants: name -> (extra config overrides, trainer patches applied after construction).
+# tepo variants: name -> config overrides. "ours" is today's default (bf16 rollout, fused AdamW, activation
+# checkpointing); the others switch those back off to show what each one is worth.
+UNTUNED = ["rollout.autocast_bf16=false", "optim.fused=false", "model.gradient_checkpointing=false"]
 OUR_VARIANTS = {
-    "ours": ([], []),
-    "ours_bf16_rollout": (["rollout.autocast_bf16=true"], []),
-    "ours_fused_adamw": ([], [fused_adamw]),
-    "ours_ckpt": ([], [activation_checkpointing]),
-    "ours_tuned": (["rollout.autocast_bf16=true"], [fused_adamw, activation_checkpointing]),
+    "ours": [],
+    "ours_fp32_rollout": ["rollout.autocast_bf16=false"],
+    "ours_foreach_adamw": ["optim.fused=false"],
+    "ours_no_ckpt": ["model.gradient_checkpointing=false"],
+    "ours_untuned": UNTUNED,
 }
 PHASES = ("gen_seconds", "logprob_seconds", "update_seconds", "reward_seconds", "step_seconds")
 
@@ -131,12 +105,10 @@ def _ours_worker(args, workload: dict) -> dict:
     from tepo.train import Trainer
 
     with tempfile.TemporaryDirectory() as tmp:
-        extra, patches = OUR_VARIANTS[args.worker]
+        extra = OUR_VARIANTS[args.worker]
         config = load_config("tepo", our_overrides(workload, tmp) + extra + list(args.override or []))
         start = time.perf_counter()
         trainer = Trainer(config, Path(tmp) / "bench", log=lambda *_: None)
-        for patch in patches:
-            patch(trainer)
         load_seconds = time.perf_counter() - start
         rss_after_load = current_rss_mb()
         rows = []

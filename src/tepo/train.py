@@ -188,7 +188,7 @@ class Trainer:
             betas=config.optim.betas,
             weight_decay=config.optim.weight_decay,
             # The fused kernel applies the same update; measured 0.87 -> 0.27 s per step and 0.5 GB less peak.
-            fused=True,
+            fused=config.optim.fused,
         )
         total_updates = config.train.steps * updates_per_step(config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(config, total_updates))
