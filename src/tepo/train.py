@@ -152,7 +152,6 @@ def _peak_memory_mb() -> float:
 class Trainer:
     def __init__(self, config: RunConfig, run_dir: Path, *, log=print):
         from tepo.models import load_model_and_tokenizer
-        from tepo.rollout import make_rollout
 
         self.config = config
         self.run_dir = Path(run_dir)
@@ -179,9 +178,7 @@ class Trainer:
         self.ref_model = None
         if needs_reference_model(config.algorithm):
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.rollout = make_rollout(
-            config.rollout.backend, self.model, self.tokenizer, autocast_bf16=config.rollout.autocast_bf16
-        )
+        self.rollout = self._make_rollout()
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=config.optim.lr,
@@ -200,6 +197,24 @@ class Trainer:
         self._pool: MathRewardPool | None = None
         self.loss_options = loss_options(config.algorithm)
         self.token_level_adv = ADVANTAGE_ESTIMATORS[config.algorithm.advantage].token_level
+
+    def _make_rollout(self):
+        from tepo.rollout import make_rollout
+
+        r = self.config.rollout
+        if r.backend == "vllm":
+            self.log("starting the vLLM rollout server (about 20 s on CPU)")
+            return make_rollout(
+                "vllm",
+                self.model,
+                self.tokenizer,
+                python=r.vllm_python,
+                dtype=r.vllm_dtype,
+                kv_cache_gb=r.vllm_kv_cache_gb,
+                seed=self.config.train.seed,
+                log_path=self.run_dir / "vllm_server.log",
+            )
+        return make_rollout(r.backend, self.model, self.tokenizer, autocast_bf16=r.autocast_bf16)
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
 
@@ -238,6 +253,7 @@ class Trainer:
                 )
             return False
         state = load_checkpoint(checkpoint, self.model)
+        self.rollout.weights_updated()
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
@@ -415,6 +431,9 @@ class Trainer:
         row["update_seconds"] = update_seconds
         row["update_tokens_per_s"] = float(mask.sum()) * c.train.ppo_epochs / max(update_seconds, 1e-9)
         row["gen_tokens_per_s"] = stats["gen_tokens"] / max(stats["gen_seconds"], 1e-9)
+        if hasattr(self.rollout, "last_sync_seconds"):
+            # vLLM backend: seconds of the step's weight sync to the engine (included in gen_seconds).
+            row["rollout_sync_seconds"] = self.rollout.last_sync_seconds
         row["lr"] = self.scheduler.get_last_lr()[0]
         row["peak_memory_mb"] = _peak_memory_mb()
         row["step_seconds"] = time.perf_counter() - step_start
@@ -488,6 +507,7 @@ class Trainer:
                     continue
                 grad_norms.append(float(grad_norm))
                 self.optimizer.step()
+                self.rollout.weights_updated()
                 self.scheduler.step()
                 updates += 1
         out = {key: sums[key] / weights[key] for key in weights if weights[key] > 0}
@@ -613,6 +633,7 @@ class Trainer:
                 after = self.evaluate(pool)
         finally:
             metrics_log.close()
+            self.rollout.close()  # the vLLM backend's server process
         summary = summarize(self.run_dir, before, after)
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         if resumed:

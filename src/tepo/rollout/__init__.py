@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 from tepo.rollout.base import RolloutBackend, RolloutBatch
 from tepo.rollout.hf import HFRollout
 
@@ -13,18 +11,16 @@ __all__ = ["ROLLOUT_BACKENDS", "HFRollout", "RolloutBackend", "RolloutBatch", "m
 
 
 def make_rollout(name: str, model, tokenizer, **kw) -> RolloutBackend:
-    """The rollout backend ``name`` ("hf"; "vllm" is planned) for ``model``; ``kw`` go to its constructor."""
+    """The rollout backend ``name`` for ``model``; ``kw`` go to its constructor.
+
+    "hf": transformers' ``generate`` in this process, sharing the model. "vllm": a vLLM engine in a server process
+    (:class:`tepo.rollout.vllm.VLLMRollout`), synced with the model's weights before each generation.
+    """
     if name == "hf":
         return HFRollout(model, tokenizer, **kw)
     if name == "vllm":
-        installed = importlib.util.find_spec("vllm") is not None
-        raise NotImplementedError(
-            "rollout backend 'vllm' is not available on this machine: "
-            + (
-                "vllm is installed but tepo's vllm backend is not implemented yet; use rollout 'hf'"
-                if installed
-                else "the vllm package is not installed (install it on a GPU machine, e.g. `pip install vllm`) "
-                "and tepo's vllm backend is not implemented yet; use rollout 'hf'"
-            )
-        )
+        from tepo.rollout.vllm import VLLMRollout
+
+        kw.pop("max_batch_size", None)  # vLLM schedules its own batches
+        return VLLMRollout(model, tokenizer, **kw)
     raise ValueError(f"unknown rollout backend {name!r}; expected one of {list(ROLLOUT_BACKENDS)}")

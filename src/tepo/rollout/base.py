@@ -83,3 +83,69 @@ class RolloutBackend(Protocol):
         seed: int | None = None,
         greedy: bool = False,
     ) -> RolloutBatch: ...
+
+    def weights_updated(self) -> None:
+        """Called by the trainer after every change of the model's weights (an engine with its own copy resyncs)."""
+
+    def close(self) -> None:
+        """Release what the backend started (the vLLM server process); safe to call twice."""
+
+
+def batch_from_responses(
+    prompt_ids: list[list[int]],
+    responses: list[list[int]],
+    *,
+    num_samples: int,
+    pad_token_id: int,
+    eos_token_ids: list[int],
+    tokenizer,
+    gen_seconds: float,
+    rollout_logps: list[list[float] | None] | None = None,
+) -> RolloutBatch:
+    """Lay out sampled token lists as a :class:`RolloutBatch` (what a backend that returns token lists uses).
+
+    ``responses[i]`` is row ``i``'s sampled tokens (rows grouped by prompt: ``num_samples`` per prompt). A row
+    ends at its first EOS (kept, masked in); anything after it is dropped. A row with no EOS is truncated.
+    """
+    import torch
+
+    rows = [list(map(int, p)) for p in prompt_ids for _ in range(num_samples)]
+    if len(responses) != len(rows):
+        raise ValueError(
+            f"{len(responses)} responses for {len(rows)} rows ({len(prompt_ids)} x {num_samples})"
+        )
+    eos = set(eos_token_ids)
+    cut, truncated = [], []
+    for tokens in responses:
+        end = next((i + 1 for i, t in enumerate(tokens) if t in eos), None)
+        truncated.append(end is None)
+        cut.append(list(tokens[: end if end is not None else len(tokens)]))
+    prompt_width = max(map(len, rows))
+    response_len = max(1, max(map(len, cut)))
+    n = len(rows)
+    input_ids = torch.full((n, prompt_width + response_len), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros(n, response_len)
+    rollout_logp = torch.zeros(n, response_len) if rollout_logps is not None else None
+    for i, (prompt, tokens) in enumerate(zip(rows, cut)):
+        input_ids[i, prompt_width - len(prompt) : prompt_width] = torch.tensor(prompt)
+        attention_mask[i, prompt_width - len(prompt) : prompt_width] = 1
+        if tokens:
+            input_ids[i, prompt_width : prompt_width + len(tokens)] = torch.tensor(tokens)
+            attention_mask[i, prompt_width : prompt_width + len(tokens)] = 1
+            response_mask[i, : len(tokens)] = 1
+            if rollout_logp is not None and rollout_logps[i] is not None:
+                rollout_logp[i, : len(tokens)] = torch.tensor(rollout_logps[i][: len(tokens)])
+    texts = tokenizer.batch_decode(cut, skip_special_tokens=True)
+    return RolloutBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
+        response_len=response_len,
+        prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(num_samples),
+        texts=texts,
+        truncated=torch.tensor(truncated),
+        gen_seconds=gen_seconds,
+        num_generated_tokens=int(response_mask.sum()),
+        rollout_logp=rollout_logp,
+    )

@@ -61,6 +61,18 @@ class HFRollout:
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.eos_token_ids = _eos_ids(model, tokenizer)
 
+    def weights_updated(self) -> None:
+        """Nothing to do: this backend samples from the trainer's own model object."""
+
+    def close(self) -> None:
+        """Nothing to release (the model belongs to the caller)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device

