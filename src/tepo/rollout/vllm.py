@@ -73,13 +73,17 @@ def find_vllm_python(explicit: str | None = None) -> str:
     )
 
 
-def _server_env(kv_cache_gb: float) -> dict:
+def _server_env() -> dict:
     env = dict(os.environ)
+    # The engine runs inside the server process (which is already separate from the trainer) instead of in two more
+    # processes (engine core + worker). Measured on the embedded model, 32 x 64 tokens, one core: 465-550 tok/s
+    # in-process against 300-340 with vLLM's default multiprocessing, 7 s start-up against 16 s, and 0.8 GB less
+    # memory (one Python + torch runtime instead of three).
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # vLLM's CPU backend otherwise keeps one core for itself (of two here) and binds its OpenMP threads to the
     # rest; let it use every core this process may run on. A value the user set wins.
     cores = sorted(os.sched_getaffinity(0))
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(kv_cache_gb))))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.pop("PYTHONPATH", None)  # the trainer's path must not leak into the other environment
@@ -134,8 +138,9 @@ def _weights_version(model) -> tuple:
 class VLLMRollout:
     """Sampling with vLLM in a server process; same interface and batch layout as :class:`tepo.rollout.HFRollout`.
 
-    ``dtype``: the engine's weights ("bfloat16" or "float32"). ``kv_cache_gb``: vLLM's KV-cache budget on CPU
-    (``VLLM_CPU_KVCACHE_SPACE``; at least 1). ``python``: the server's interpreter (see :func:`find_vllm_python`).
+    ``dtype``: the engine's weights ("bfloat16" or "float32"). ``kv_cache_gb``: vLLM's KV-cache budget
+    (``kv_cache_memory_bytes``; 0.25 GB holds about 11,000 tokens of the embedded model, whose KV cache is
+    23 KB per token in bf16). ``python``: the server's interpreter (see :func:`find_vllm_python`).
     ``log_path``: where the server's own output goes (a temporary file if None). ``autocast_bf16`` is accepted for
     interface compatibility and ignored (the engine's dtype decides). Call :meth:`close` (or use ``with``) to stop
     the server; it is also stopped at interpreter exit.
@@ -148,7 +153,7 @@ class VLLMRollout:
         *,
         python: str | None = None,
         dtype: str = "bfloat16",
-        kv_cache_gb: float = 1.0,
+        kv_cache_gb: float = 0.25,
         max_model_len: int | None = None,
         startup_timeout_s: float = 900.0,
         request_timeout_s: float = 3600.0,
@@ -197,6 +202,7 @@ class VLLMRollout:
                 "--seed": int(seed),
                 "--in-fd": to_server_r,
                 "--out-fd": from_server_w,
+                "--kv-cache-bytes": int(kv_cache_gb * 2**30),
             }
             self._proc = subprocess.Popen(
                 [python, str(SERVER_SCRIPT), *(str(x) for item in options.items() for x in item)],
@@ -204,7 +210,7 @@ class VLLMRollout:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_server_env(kv_cache_gb),
+                env=_server_env(),
                 cwd=str(self._weights_dir),
                 # Its own process group: close() stops vLLM's engine workers with it.
                 start_new_session=True,

@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--kv-cache-bytes", type=int, default=None, help="KV-cache budget (default: vLLM's)")
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
     args = parser.parse_args(argv)
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             # backend's rollout_logp holds).
             logprobs_mode="processed_logprobs",
             gpu_memory_utilization=args.gpu_memory_utilization,
+            kv_cache_memory_bytes=args.kv_cache_bytes,
         )
     except Exception:
         reply({"ok": False, "error": traceback.format_exc()})
