@@ -351,19 +351,29 @@ class Trainer:
         ids, att, t, cols = trim_columns(
             batch.input_ids[rows], batch.attention_mask[rows], batch.response_len
         )
-        attention = training_attention(model, self.config.model.train_attention, ids.shape[1])
-        with (
-            torch.set_grad_enabled(grad),
-            _autocast(self.config.model.autocast_bf16),
-            attention_implementation(model, attention),
-        ):
+        with torch.set_grad_enabled(grad), _autocast(self.config.model.autocast_bf16):
             logp, ent = response_logprobs(
                 model, ids, att, t, compute_entropy=entropy, temperature=self.config.rollout.temperature
             )
         return logp, ent, cols
 
+    def _attention(self, model, batch):
+        """The attention kernel for every log-prob pass over ``batch`` (see ``model.train_attention``).
+
+        Chosen once for the whole batch and held through the backward passes: activation checkpointing recomputes
+        each layer in backward, and the recomputation must run the kernel the forward ran.
+        """
+        width = batch.input_ids.shape[1]  # micro-batches are trimmed to at most this
+        return attention_implementation(
+            model, training_attention(model, self.config.model.train_attention, width)
+        )
+
     def _full_pass(self, model, batch, *, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """No-grad log-probs (and entropy) of every response token, in micro-batches, padded to [N, T]."""
+        with self._attention(model, batch):
+            return self._full_pass_rows(model, batch, entropy=entropy)
+
+    def _full_pass_rows(self, model, batch, *, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         n, t = batch.response_mask.shape
         logp_all = torch.zeros(n, t)
         ent_all = torch.zeros(n, t) if entropy else None
@@ -417,7 +427,8 @@ class Trainer:
         advantages = compute_advantages(c.algorithm.advantage, rewards, g, **adv_options)
 
         update_start = time.perf_counter()
-        update_metrics = self._update(batch, advantages, old_logp, old_entropy, ref_logp)
+        with self._attention(self.model, batch):
+            update_metrics = self._update(batch, advantages, old_logp, old_entropy, ref_logp)
         update_seconds = time.perf_counter() - update_start
         token_entropy = update_metrics.pop("_token_entropy")
         if c.log.samples_every and (self.step + 1) % c.log.samples_every == 0:
