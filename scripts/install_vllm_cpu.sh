@@ -11,6 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${VLLM_VENV:-.venv-vllm}
+# tepo's backend uses this venv only once the marker at the end exists: a half-finished install is never picked up.
+rm -f "$VENV/tepo-vllm-ready"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
@@ -24,3 +26,4 @@ $PIP uninstall --quiet -y torchvision torchaudio torchcodec || true
 # tepo is not installed here: the trainer runs src/tepo/rollout/vllm_server.py, which needs only vllm.
 "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 VLLM_CPU_OMP_THREADS_BIND=all "$VENV/bin/python" -c "import vllm; print('installed: vllm', vllm.__version__)"
+touch "$VENV/tepo-vllm-ready"

@@ -289,6 +289,7 @@ STEPS = 4
 TRAIN_ARGS = [
     f"train.steps={STEPS}",
     "train.prompts_per_step=2",
+    "rollout.backend=hf",  # bit-exact resume is shown with HF generate (seeded torch sampling)
     "rollout.group_size=3",
     "rollout.max_new_tokens=8",
     "train.micro_batch_size=8",

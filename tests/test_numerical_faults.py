@@ -57,6 +57,7 @@ def tiny(tmp_path, *extra):
         "default",
         [
             f"train.output_dir={tmp_path}",
+            "rollout.backend=hf",  # the trainer's logic; the vLLM backend has its own run in test_rollout_vllm.py
             "train.run_name=faults",
             "train.prompts_per_step=2",
             "rollout.group_size=2",

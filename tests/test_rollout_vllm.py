@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from tepo.rollout import resolve_rollout_backend
 from tepo.rollout.base import batch_from_responses
 from tepo.rollout.vllm import VLLMRollout, VLLMServerError, find_vllm_python, write_weights
 
@@ -106,6 +107,15 @@ def test_find_vllm_python_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(backend, "VENV_NAME", ".venv-vllm-that-does-not-exist")
     with pytest.raises(VLLMServerError, match=r"bash scripts/install_vllm_cpu.sh.*rollout.vllm_python"):
         find_vllm_python()
+    assert resolve_rollout_backend("auto") == "hf"
+    assert resolve_rollout_backend("vllm") == "vllm" and resolve_rollout_backend("hf") == "hf"
+    # A venv whose install did not finish (no ready marker) is not used.
+    fake = tmp_path / ".venv-vllm-that-does-not-exist" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "python").write_text("#!/bin/sh\nexit 1\n")
+    assert resolve_rollout_backend("auto") == "hf"
+    (fake.parent / backend.READY_MARKER).touch()
+    assert find_vllm_python() == str(fake / "python") and resolve_rollout_backend("auto") == "vllm"
     with pytest.raises(VLLMServerError, match="does not exist"):
         find_vllm_python(str(tmp_path / "nope" / "python"))
     monkeypatch.setenv("TEPO_VLLM_PYTHON", str(tmp_path / "missing-python"))
@@ -241,3 +251,89 @@ def test_vllm_refuses_prompts_longer_than_its_context(fp32_engine, chat_prompts)
     too_long = [chat_prompts[0] * (fp32_engine.max_model_len // len(chat_prompts[0]) + 1)]
     with pytest.raises(ValueError, match="exceeds the vLLM engine's max_model_len"):
         fp32_engine.generate(too_long, num_samples=1, max_new_tokens=4)
+
+
+@pytest.mark.model
+def test_a_training_run_with_vllm_syncs_after_every_update_and_stops_its_server(tmp_path, embedded_model_dir):
+    """Two steps and the final evaluation: the engine gets the weights after each update, and the run leaves no
+    server behind."""
+    import json
+
+    from tepo.config import load_config
+    from tepo.train import Trainer
+
+    python = _vllm_python_or_skip()
+    config = load_config(
+        "default",
+        [
+            f"train.output_dir={tmp_path}",
+            "rollout.backend=vllm",
+            f"rollout.vllm_python={python}",
+            "train.steps=2",
+            "train.prompts_per_step=2",
+            "rollout.group_size=3",
+            "rollout.max_new_tokens=8",
+            "eval.size=2",
+            "eval.samples=0",
+            "train.micro_batch_size=6",
+            "train.save_every=0",
+            "reward.num_workers=1",
+            "log.progress=false",
+            "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the rewards
+        ],
+    )
+    trainer = Trainer(config, tmp_path / "run", log=lambda *_: None)
+    server = trainer.rollout._proc
+    result = trainer.run()
+    assert result.steps_done == 2
+    # Before step 2's rollout and before the final evaluation; not before step 1 (the engine started from them).
+    assert trainer.rollout.sync_count == 2
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["rollout_sync_seconds"] == 0.0 and rows[1]["rollout_sync_seconds"] > 0
+    assert all(row["gen_tokens"] > 0 for row in rows)
+    assert server.poll() is not None, "the vLLM server outlived the run"
+    assert (tmp_path / "run" / "vllm_server.log").exists()
+
+
+@pytest.mark.model
+def test_the_server_exits_when_its_trainer_is_killed(tmp_path, embedded_model_dir):
+    """SIGKILL gives the trainer no chance to stop the server; the server sees its request pipe close and exits."""
+    import signal
+    import subprocess
+    import sys
+
+    python = _vllm_python_or_skip()
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import sys, time\n"
+        "from tepo.models import load_model_and_tokenizer\n"
+        "from tepo.rollout.vllm import VLLMRollout\n"
+        f"model, tokenizer = load_model_and_tokenizer({str(embedded_model_dir)!r})\n"
+        f"engine = VLLMRollout(model, tokenizer, python={python!r})\n"
+        "print(engine._proc.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(trainer.stdout.readline())
+        os.kill(trainer.pid, signal.SIGKILL)
+        trainer.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.kill(server_pid, 0)
+            except ProcessLookupError:
+                break
+            try:
+                with open(f"/proc/{server_pid}/stat") as stat:
+                    if stat.read().split()[2] == "Z":  # exited, waiting for init to reap it
+                        break
+            except OSError:
+                break
+            time.sleep(0.5)
+        else:
+            os.kill(server_pid, signal.SIGKILL)
+            pytest.fail("the vLLM server kept running after its trainer was killed")
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()

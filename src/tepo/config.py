@@ -49,7 +49,7 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"
+    backend: str = "hf"  # hf | vllm | auto (vllm where it is installed, else hf)
     group_size: int = 8  # G samples per prompt
     max_new_tokens: int = 64
     temperature: float = 1.0
@@ -60,7 +60,8 @@ class RolloutConfig:
     # budget in GiB (0.25 holds ~11k tokens of the embedded model; raise it for larger models or long responses).
     vllm_python: str | None = None
     vllm_dtype: str = "bfloat16"
-    vllm_kv_cache_gb: float = 0.25
+    vllm_kv_cache_gb: float | None = 0.25  # None: vLLM sizes it (on GPU from its gpu_memory_utilization)
+    vllm_max_model_len: int | None = None  # prompt + response tokens the engine accepts (None: min(model's, 4096))
 
 
 @dataclass
@@ -364,8 +365,8 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(
             f"reward.answer_format: expected boxed or boxed_or_last, got {c.reward.answer_format!r}"
         )
-    if c.rollout.backend not in ("hf", "vllm"):
-        errors.append(f"rollout.backend: expected hf or vllm, got {c.rollout.backend!r}")
+    if c.rollout.backend not in ("hf", "vllm", "auto"):
+        errors.append(f"rollout.backend: expected hf, vllm or auto, got {c.rollout.backend!r}")
     if c.model.train_attention not in ("auto", "eager", "sdpa", "model"):
         errors.append(
             f"model.train_attention: expected auto, eager, sdpa or model, got {c.model.train_attention!r}"
@@ -374,7 +375,7 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(
             f"rollout.vllm_dtype: expected bfloat16, float16 or float32, got {c.rollout.vllm_dtype!r}"
         )
-    if not c.rollout.vllm_kv_cache_gb > 0:
+    if c.rollout.vllm_kv_cache_gb is not None and not c.rollout.vllm_kv_cache_gb > 0:
         errors.append(f"rollout.vllm_kv_cache_gb: must be > 0, got {c.rollout.vllm_kv_cache_gb}")
     mini = c.train.mini_batch_prompts
     if mini is not None and mini < 1:

