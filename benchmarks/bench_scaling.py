@@ -81,6 +81,7 @@ def main(argv=None) -> None:
                 "update_seconds": median(r["update_seconds"] for r in rows),
                 "gen_tokens": median(r["gen_tokens"] for r in rows),
                 "peak_rss_mb": result["peak_rss_mb"],
+                "peak_tree_pss_mb": result.get("peak_tree_pss_mb", float("nan")),
                 "load_avg": load,
             }
             results.append(entry)
@@ -93,14 +94,14 @@ def main(argv=None) -> None:
     print(f"\nload average at end: {load_average()}\n")
     print(
         "| side | prompts x samples | max new tokens | generated tokens/step | step s | generation s | update s "
-        "| peak RSS MiB | load avg |"
+        "| peak RSS MiB (trainer) | peak PSS MiB (all processes) | load avg |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for e in results:
         print(
             f"| {e['side']} | {e['prompts']}x{e['samples']} | {e['new_tokens']} | {e['gen_tokens']:.0f} "
             f"| {fmt(e['step_seconds'], 1)} | {fmt(e['gen_seconds'], 1)} | {fmt(e['update_seconds'], 1)} "
-            f"| {e['peak_rss_mb']:.0f} | {e['load_avg']:.1f} |"
+            f"| {e['peak_rss_mb']:.0f} | {e['peak_tree_pss_mb']:.0f} | {e['load_avg']:.1f} |"
         )
     if args.json:
         Path(args.json).write_text(json.dumps({"threads": args.threads, "results": results}, indent=2))

