@@ -35,6 +35,9 @@ class ModelConfig:
     # Attention kernel for the log-prob passes: auto (eager on CPU for micro-batches up to 512 columns, measured
     # 11-18% faster than torch's CPU flash attention; see tepo.models), eager, sdpa, or model (the loaded one).
     train_attention: str = "auto"
+    # Log-prob passes run each prompt once for its G samples and share its keys/values (exact; measured 25-30%
+    # less time for the transformer body on the embedded model). Tested with Llama-architecture models.
+    share_prompt_prefix: bool = True
 
 
 @dataclass

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 # Default positions per chunk: 2**25 logits (128 MiB in float32 per [chunk, V] tensor); 682 rows at V = 49,152.
 _DEFAULT_CHUNK_ELEMENTS = 2**25
@@ -43,6 +44,7 @@ def response_logprobs(
     compute_entropy: bool = True,
     chunk_size: int | None = None,
     temperature: float = 1.0,
+    prompt_groups: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probabilities ``[N, T]`` of the response tokens and (optionally) the full-vocabulary entropy ``[N, T]``.
 
@@ -52,18 +54,26 @@ def response_logprobs(
     EOS) are not computed and hold 0 in both outputs. Outputs are float32 (also under autocast) and differentiable
     w.r.t. the model's parameters when grad is enabled. ``chunk_size`` = positions per ``lm_head`` chunk (default
     :func:`default_chunk_size`); ``temperature`` divides the logits (see module docstring).
+
+    ``prompt_groups`` (``[N]`` ints, optional): rows with the same value have the same prompt block (the first
+    ``P`` columns of ``input_ids`` and ``attention_mask``), as the G samples of one prompt do. The prompt is then
+    run once per group and its keys/values are shared by the group's rows (:func:`_shared_prompt_hidden`); the
+    result equals the unshared pass up to float rounding, values and gradients (tests/test_shared_prompt.py).
     """
     _check_inputs(input_ids, attention_mask, response_len, chunk_size, temperature)
     body, lm_head = _split_model(model)
     prompt_len = input_ids.shape[1] - response_len
 
     attention_mask = attention_mask.to(input_ids.device)
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    hidden = body(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-    ).last_hidden_state
-    # The hidden state at column j predicts the token at column j + 1.
-    response_hidden = hidden[:, prompt_len - 1 : -1]
+    if prompt_groups is not None and len(torch.unique(prompt_groups)) < input_ids.shape[0]:
+        response_hidden = _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len, prompt_groups)
+    else:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden = body(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        # The hidden state at column j predicts the token at column j + 1.
+        response_hidden = hidden[:, prompt_len - 1 : -1]
     targets = input_ids[:, prompt_len:]
     valid = attention_mask[:, prompt_len:].bool()
 
@@ -89,6 +99,85 @@ def response_logprobs(
     logp = _scatter_rows(logp_rows, valid)
     entropy = _scatter_rows(entropy_rows, valid) if compute_entropy else None
     return logp, entropy
+
+
+class _FrozenPrefixLayer(DynamicLayer):
+    """One layer's cache holding a fixed prompt prefix; ``update`` returns prefix + new keys/values, storing nothing.
+
+    Functional on purpose: activation checkpointing runs each layer again in backward, and a cache that appended
+    (transformers' ``DynamicLayer``) would then hand the recomputation a prefix with the response in it twice.
+    """
+
+    def __init__(self, keys: Tensor, values: Tensor):
+        super().__init__()
+        self.keys, self.values = keys, values
+        self.device = keys.device
+        self.is_initialized = True
+
+    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        return torch.cat([self.keys, key_states], -2), torch.cat([self.values, value_states], -2)
+
+
+def _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len: int, prompt_groups: Tensor) -> Tensor:
+    """Hidden states that predict the response tokens, ``[N, T, H]``, with each group's prompt computed once.
+
+    The prompt pass runs on one row per group with the model's cache on (and without activation checkpointing:
+    it is G times smaller than the batch, and its keys/values must be kept), then each row's response runs
+    against its group's keys/values (an ``index_select``, so gradients flow back into the one prompt pass).
+    Measured on the embedded model, 2 prompts x 8 samples, 58 prompt + 64 response tokens, forward + backward
+    under bf16 autocast: 4.3-4.8 s against 5.9-6.4 s unshared.
+    """
+    groups, inverse = torch.unique(prompt_groups, return_inverse=True)
+    first_rows = torch.stack([torch.nonzero(prompt_groups == g)[0, 0] for g in groups])
+    prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
+    if not (
+        torch.equal(prompt_ids, prompt_ids[first_rows][inverse])
+        and torch.equal(prompt_mask, prompt_mask[first_rows][inverse])
+    ):
+        raise ValueError("prompt_groups puts rows whose prompt columns differ in one group")
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    was_training = body.training
+    body.train(False)  # transformers' checkpointed layers drop the cache in training mode
+    try:
+        prompt_out = body(
+            input_ids=prompt_ids[first_rows],
+            attention_mask=prompt_mask[first_rows],
+            position_ids=position_ids[first_rows, :prompt_len],
+            use_cache=True,
+        )
+    finally:
+        body.train(was_training)
+    prompt_cache = prompt_out.cache if hasattr(prompt_out, "cache") else prompt_out.past_key_values
+    cache = DynamicCache()
+    cache.layers = [
+        _FrozenPrefixLayer(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse))
+        for layer in prompt_cache.layers
+    ]
+    layers = list(getattr(body, "layers", []))
+    for layer in layers:
+        # The cache is functional, so checkpoint recomputation sees the same prefix: let it through.
+        layer._can_checkpoint_with_cache = True
+    try:
+        response_out = body(
+            input_ids=input_ids[:, prompt_len:],
+            attention_mask=attention_mask,
+            position_ids=position_ids[:, prompt_len:],
+            use_cache=False,
+            # transformers 5 renamed past_key_values to cache (the old name still works, with a warning).
+            **{_cache_argument(body): cache},
+        )
+    finally:
+        for layer in layers:
+            del layer._can_checkpoint_with_cache
+    # The last prompt position predicts the first response token; response column t predicts column t + 1.
+    last_prompt = prompt_out.last_hidden_state.index_select(0, inverse)[:, -1:]
+    return torch.cat([last_prompt, response_out.last_hidden_state[:, :-1]], 1)
+
+
+def _cache_argument(body) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
 
 
 class _ChunkScorer:

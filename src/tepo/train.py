@@ -382,9 +382,16 @@ class Trainer:
         ids, att, t, cols = trim_columns(
             batch.input_ids[rows], batch.attention_mask[rows], batch.response_len
         )
+        groups = batch.prompt_index[rows] if self.config.model.share_prompt_prefix else None
         with torch.set_grad_enabled(grad), _autocast(self.config.model.autocast_bf16):
             logp, ent = response_logprobs(
-                model, ids, att, t, compute_entropy=entropy, temperature=self.config.rollout.temperature
+                model,
+                ids,
+                att,
+                t,
+                compute_entropy=entropy,
+                temperature=self.config.rollout.temperature,
+                prompt_groups=groups,
             )
         return logp, ent, cols
 

@@ -1,0 +1,88 @@
+"""Shared prompt prefix in the log-prob passes: one prompt pass per group, the same values and gradients as the
+unshared pass (real embedded model, activation checkpointing on, both attention kernels)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tepo.logprobs import response_logprobs
+from tepo.models import attention_implementation
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+G, P, T = 3, 9, 6
+
+
+@pytest.fixture(scope="module")
+def checkpointed_model(embedded_model):
+    model, _ = embedded_model
+    model = copy.deepcopy(model).train()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def _batch():
+    torch.manual_seed(0)
+    prompt_a, prompt_b = torch.randint(100, 5000, (1, P)), torch.randint(100, 5000, (1, P))
+    ids = torch.cat([prompt_a.repeat(G, 1), prompt_b.repeat(G, 1)])
+    ids = torch.cat([ids, torch.randint(100, 5000, (2 * G, T))], 1)
+    mask = torch.ones_like(ids)
+    mask[G:, :3] = 0  # the second prompt is shorter: left padding
+    mask[1, -2:] = 0  # responses that ended early
+    mask[G + 1, -4:] = 0
+    groups = torch.tensor([0] * G + [1] * G)
+    return ids, mask, groups
+
+
+def _logprobs_and_grads(model, ids, mask, groups, kernel):
+    params = [
+        model.model.layers[0].self_attn.k_proj.weight,
+        model.model.layers[15].mlp.up_proj.weight,
+        model.model.embed_tokens.weight,  # tied to the output head
+    ]
+    model.zero_grad(set_to_none=True)
+    # The kernel is held through backward, as the trainer does (checkpointing recomputes layers there).
+    with attention_implementation(model, kernel):
+        logp, entropy = response_logprobs(model, ids, mask, T, prompt_groups=groups)
+        (logp.sum() + 0.1 * entropy.sum()).backward()
+    grads = [p.grad.clone() for p in params]
+    model.zero_grad(set_to_none=True)
+    return logp.detach(), entropy.detach(), grads
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_shared_prompt_equals_the_unshared_pass(checkpointed_model, kernel):
+    ids, mask, groups = _batch()
+    logp, entropy, grads = _logprobs_and_grads(checkpointed_model, ids, mask, groups, kernel)
+    logp_ref, entropy_ref, grads_ref = _logprobs_and_grads(checkpointed_model, ids, mask, None, kernel)
+    assert int((logp != 0).sum()) == 2 * G * T - 2 - 4
+    torch.testing.assert_close(logp, logp_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy, entropy_ref, atol=1e-5, rtol=1e-5)
+    for grad, grad_ref in zip(grads, grads_ref):
+        # Float32 sums in another order (the G rows' prompt gradients meet in one index_select backward): compare
+        # whole tensors, relative to their size. A wrong prefix (positions, mask, a missing row) is off by O(1).
+        assert grad_ref.norm() > 0
+        assert float((grad - grad_ref).norm() / grad_ref.norm()) < 1e-5
+
+
+@pytest.mark.model
+def test_groups_of_one_and_no_grad_also_match(checkpointed_model):
+    ids, mask, _ = _batch()
+    singletons = torch.arange(ids.shape[0])  # nothing to share: the plain pass
+    mixed = torch.tensor([0, 0, 1, 2, 2, 3])  # groups split across what sharing sees
+    with torch.no_grad():
+        ref, _ = response_logprobs(checkpointed_model, ids, mask, T)
+        for groups in (singletons, mixed):
+            logp, _ = response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=groups)
+            torch.testing.assert_close(logp, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.model
+def test_rows_with_different_prompts_in_one_group_are_refused(checkpointed_model):
+    ids, mask, _ = _batch()
+    with torch.no_grad(), pytest.raises(ValueError, match="prompt columns differ"):
+        response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=torch.zeros(ids.shape[0], dtype=torch.long))
