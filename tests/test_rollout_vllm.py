@@ -297,7 +297,8 @@ def test_a_training_run_with_vllm_syncs_after_every_update_and_stops_its_server(
 
 @pytest.mark.model
 def test_the_server_exits_when_its_trainer_is_killed(tmp_path, embedded_model_dir):
-    """SIGKILL gives the trainer no chance to stop the server; the server sees its request pipe close and exits."""
+    """SIGKILL gives the trainer no chance to stop the server; the server sees its request pipe close and exits,
+    removing the weights folder the trainer could not."""
     import signal
     import subprocess
     import sys
@@ -310,12 +311,14 @@ def test_the_server_exits_when_its_trainer_is_killed(tmp_path, embedded_model_di
         "from tepo.rollout.vllm import VLLMRollout\n"
         f"model, tokenizer = load_model_and_tokenizer({str(embedded_model_dir)!r})\n"
         f"engine = VLLMRollout(model, tokenizer, python={python!r})\n"
-        "print(engine._proc.pid, flush=True)\n"
+        "print(engine._proc.pid, engine._weights_dir, flush=True)\n"
         "time.sleep(600)\n"
     )
     trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
-        server_pid = int(trainer.stdout.readline())
+        pid_text, weights_dir = trainer.stdout.readline().split()
+        server_pid = int(pid_text)
+        assert os.path.isdir(weights_dir)
         os.kill(trainer.pid, signal.SIGKILL)
         trainer.wait(timeout=30)
         deadline = time.monotonic() + 60
@@ -334,6 +337,11 @@ def test_the_server_exits_when_its_trainer_is_killed(tmp_path, embedded_model_di
         else:
             os.kill(server_pid, signal.SIGKILL)
             pytest.fail("the vLLM server kept running after its trainer was killed")
+        # The trainer could not remove its weights folder (in /dev/shm: RAM); the server did on its way out.
+        deadline = time.monotonic() + 30
+        while os.path.exists(weights_dir) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not os.path.exists(weights_dir), "the killed trainer's weights folder was left behind"
     finally:
         if trainer.poll() is None:
             trainer.kill()

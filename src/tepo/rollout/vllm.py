@@ -182,7 +182,9 @@ class VLLMRollout:
         self._weights_dir = Path(
             tempfile.mkdtemp(prefix="tepo-vllm-weights-", dir=shm if shm.is_dir() else None)
         )
-        self._log_path = Path(log_path) if log_path else self._weights_dir.with_suffix(".log")
+        # Without a log_path the log is temporary: next to the weights' name in the temp dir, removed with them.
+        default_log = Path(tempfile.gettempdir()) / f"{self._weights_dir.name}.log"
+        self._log_path = Path(log_path) if log_path else default_log
         self._synced_version = _weights_version(model)
         self._stale = False
         write_weights(model, self._weights_dir, getattr(torch, dtype))
@@ -205,6 +207,9 @@ class VLLMRollout:
                 "--seed": int(seed),
                 "--in-fd": to_server_r,
                 "--out-fd": from_server_w,
+                # The server removes the weights folder when it exits, also when this process was SIGKILLed and
+                # could not: a leaked folder holds the model's size in /dev/shm, i.e. in RAM.
+                "--remove-model-dir-at-exit": 1,
             }
             if kv_cache_gb is not None:  # else vLLM sizes it (on GPU: from gpu_memory_utilization)
                 options["--kv-cache-bytes"] = int(kv_cache_gb * 2**30)
@@ -227,7 +232,9 @@ class VLLMRollout:
         self._replies_fd = from_server_r
         self._buffer = b""
         # Runs at close(), at garbage collection, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _stop, self._proc, self._weights_dir)
+        self._finalizer = weakref.finalize(
+            self, _stop, self._proc, self._weights_dir, None if log_path else default_log
+        )
         try:
             ready = self._read_reply(startup_timeout_s, what="start-up")
         except BaseException:
@@ -393,10 +400,12 @@ class VLLMRollout:
         return f"; the end of its log ({self._log_path}):\n" + "\n".join(text)
 
 
-def _stop(proc: subprocess.Popen, weights_dir: Path) -> None:
+def _stop(proc: subprocess.Popen, weights_dir: Path, temporary_log: Path | None) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
     shutil.rmtree(weights_dir, ignore_errors=True)
+    if temporary_log is not None:
+        temporary_log.unlink(missing_ok=True)

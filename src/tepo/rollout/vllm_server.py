@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -109,8 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-cache-bytes", type=int, default=None, help="KV-cache budget (default: vLLM's)")
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
+    parser.add_argument("--remove-model-dir-at-exit", type=int, default=0, help="1: delete --model on exit")
     args = parser.parse_args(argv)
+    try:
+        return _serve(args)
+    finally:
+        if args.remove_model_dir_at_exit:
+            # The trainer's copy of the weights for this server only; it cannot remove it if it was killed.
+            shutil.rmtree(args.model, ignore_errors=True)
 
+
+def _serve(args) -> int:
     requests = os.fdopen(args.in_fd, "r", encoding="utf-8")
     replies = os.fdopen(args.out_fd, "w", encoding="utf-8")
 
