@@ -376,3 +376,10 @@ def test_remote_code_refusal_is_a_clean_cli_error(tmp_path, capsys):
     code, err = run_cli(train_argv(tmp_path, "--model", str(model_dir), "eval.size=0"), capsys)
     assert code == 2
     assert_one_error(err, "requests custom code", "--trust-remote-code")
+
+
+def test_a_model_path_that_does_not_exist_is_a_clean_cli_error(tmp_path, capsys):
+    missing = tmp_path / "no" / "such-model"
+    code, err = run_cli(train_argv(tmp_path, "--model", str(missing), "eval.size=0"), capsys)
+    assert code == 2
+    assert_one_error(err, f"model path {str(missing)!r} does not exist")

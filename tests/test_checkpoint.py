@@ -4,8 +4,12 @@ state loaded with ``weights_only=True`` (a pickle in ``state.pt`` is refused, no
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +29,7 @@ from tepo.checkpoint import (
     set_rng_state,
     verify_checkpoint,
 )
+from tepo.metrics import read_metrics
 
 
 def tiny_llama(seed: int, *, tied: bool = True) -> LlamaForCausalLM:
@@ -141,3 +146,91 @@ def test_state_is_loaded_with_weights_only_so_a_pickle_payload_never_runs(tmp_pa
     # The same file with weights_only=False would run the payload: the test above is not vacuous.
     torch.load(path / "state.pt", weights_only=False)
     assert marker.exists()
+
+
+# ---------------------------------------------------------------- a disk that fills up mid-save
+# A real write failure, not a mock: the child process gets a file-size limit (RLIMIT_FSIZE) with SIGXFSZ ignored,
+# so the kernel fails the write that crosses it with EFBIG, exactly where a full disk fails it with ENOSPC.
+
+_LIMITED_WRITES = """
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+"""
+
+
+def test_a_failed_save_removes_its_partial_copy_and_keeps_the_previous_checkpoint(tmp_path):
+    script = (
+        textwrap.dedent(
+            """
+        import sys, torch
+        from pathlib import Path
+        from tepo.checkpoint import CheckpointError, save_checkpoint
+        run = Path(sys.argv[1])
+        model = torch.nn.Linear(256, 256)  # 263 KB of weights: past the 64 KB limit set below
+        save_checkpoint(run, 1, model, {"n": 1})
+        """
+        )
+        + _LIMITED_WRITES.format(limit=64 * 1024)
+        + textwrap.dedent(
+            """
+        try:
+            save_checkpoint(run, 2, model, {"n": 2})
+        except CheckpointError as err:
+            print(err)
+        else:
+            print("saved")
+        """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    message = done.stdout.strip()
+    assert message.startswith("could not write checkpoint step_000002"), message
+    assert "File too large" in message and "step_000001, is intact" in message
+    assert f"tepo train --resume {tmp_path}" in message
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "step_000001"
+    ]  # no .tmp left behind
+    assert verify_checkpoint(tmp_path / "checkpoints" / "step_000001") is None
+    assert load_checkpoint(find_latest_checkpoint(tmp_path), torch.nn.Linear(256, 256))["n"] == 1
+
+
+def test_tepo_train_on_a_full_disk_stops_with_one_message_and_resumes_once_there_is_room(
+    tmp_path, embedded_model_dir
+):
+    """The CLI path: exit 1 with a one-line reason (no traceback), the step's metrics row kept, and a resume that
+    finishes the run once writes succeed again."""
+    from test_models import write_tiny_model
+
+    write_tiny_model(tmp_path / "tiny", embedded_model_dir)  # a 3 MB checkpoint: past the 1 MB limit
+    args = [
+        f"model.name={tmp_path / 'tiny'}", f"train.output_dir={tmp_path}", "train.run_name=full",
+        "rollout.backend=hf", "train.steps=2", "train.prompts_per_step=1", "rollout.group_size=2",
+        "rollout.max_new_tokens=4", "eval.size=0", "train.save_every=1", "reward.num_workers=1",
+        "log.progress=false",
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    limited = (
+        _LIMITED_WRITES.format(limit=1 << 20) + "import sys\nfrom tepo.cli import main\nsys.exit(main())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", limited, "train", *args], capture_output=True, text=True, timeout=300, env=env
+    )
+    run = tmp_path / "full"
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "tepo: error: could not write checkpoint step_000001" in done.stderr
+    assert "no earlier checkpoint exists" in done.stderr
+    assert not list((run / "checkpoints").glob("*"))  # the half-written copy is gone
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1]
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tepo.cli", "train", "--resume", str(run)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert [row["step"] for row in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    assert find_latest_checkpoint(run).step == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -61,6 +62,7 @@ def tiny(tmp_path, *extra):
             "eval.size=2",
             "train.micro_batch_size=4",
             "train.save_every=1",
+            "train.keep_checkpoints=1",  # the tests read only the last one; each is 1.6 GB of disk
             "reward.num_workers=1",
             "log.progress=false",
             *extra,
@@ -97,6 +99,9 @@ def _comparable(rows):
 def test_resume_equals_uninterrupted_run(tmp_path):
     common = ["eval.size=0", "train.steps=3", "optim.lr=1e-4", "algorithm.entropy_coef=0.01"]
     straight = train(tiny(tmp_path, "train.run_name=straight", *common), log=lambda *_: None).run_dir
+    a = load_file(str(straight / "checkpoints" / "step_000003" / "model.safetensors"))
+    rows_a = read_metrics(straight / "metrics.jsonl")
+    shutil.rmtree(straight / "checkpoints")  # 1.6 GB each: keep the suite's peak disk use to two checkpoints
     stopped = train(
         tiny(tmp_path, "train.run_name=stopped", *common[:1], "train.steps=2", *common[2:]),
         log=lambda *_: None,
@@ -104,12 +109,10 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     messages = []
     resumed = resume(stopped, ["train.steps=3"], log=messages.append).run_dir
     assert any("resumed" in m and "step 2" in m for m in messages)
-    a = load_file(str(straight / "checkpoints" / "step_000003" / "model.safetensors"))
     b = load_file(str(resumed / "checkpoints" / "step_000003" / "model.safetensors"))
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), key
-    rows_a = read_metrics(straight / "metrics.jsonl")
     rows_b = read_metrics(resumed / "metrics.jsonl")
     assert [r["step"] for r in rows_b] == [1, 2, 3]
     assert _comparable(rows_a) == _comparable(rows_b)

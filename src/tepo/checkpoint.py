@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 MANIFEST = "manifest.json"
@@ -103,6 +104,22 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_into(tmp, step, model, state)
+    except (OSError, SafetensorError) as err:
+        # A full disk (or a file-size limit) mid-write: remove the half-written copy so it does not hold the space
+        # a retry needs, and say what is intact. safetensors reports I/O errors as SafetensorError, not OSError.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(_save_failure_message(root, final, err)) from err
+    if final.exists():  # a previous attempt at this step (resumed run): replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    _prune(root, keep)
+    return final
+
+
+def _write_into(tmp: Path, step: int, model: torch.nn.Module, state: dict) -> None:
     tmp.mkdir()
     save_file(model_state_for_saving(model), str(tmp / "model.safetensors"))
     torch.save({**state, "step": step}, tmp / "state.pt")
@@ -115,12 +132,26 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
     with open(manifest, "rb") as handle:
         os.fsync(handle.fileno())
     _fsync_dir(tmp)
-    if final.exists():  # a previous attempt at this step (resumed run): replace it
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(root)
-    _prune(root, keep)
-    return final
+
+
+def _save_failure_message(root: Path, final: Path, err: BaseException) -> str:
+    complete = sorted(p.name for p in root.glob("step_*") if p.is_dir() and ".tmp" not in p.name)
+    intact = (
+        f"the last complete checkpoint, {complete[-1]}, is intact"
+        if complete
+        else "no earlier checkpoint exists"
+    )
+    previous = [root / name for name in complete[-1:]]
+    size = sum(f.stat().st_size for p in previous for f in p.iterdir() if f.is_file())
+    free = shutil.disk_usage(root).free
+    sizes = f"{free / 1e9:.2f} GB free there" + (
+        f"; one checkpoint of this run takes {size / 1e9:.2f} GB" if size else ""
+    )
+    return (
+        f"could not write checkpoint {final.name} under {root}: {err} ({sizes}). The half-written copy was removed "
+        f"and {intact}. Free disk space (or lower train.keep_checkpoints) and resume with "
+        f"`tepo train --resume {root.parent}`."
+    )
 
 
 def _prune(root: Path, keep: int) -> None:

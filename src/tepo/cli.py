@@ -140,9 +140,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tepo: error: {err}", file=sys.stderr)
         return 2
     except Exception as err:
+        from tepo.checkpoint import CheckpointError
         from tepo.train import TrainingStopped
 
-        if not isinstance(err, TrainingStopped):
+        if not isinstance(err, (TrainingStopped, CheckpointError)):
             raise
         print(f"tepo: error: {err}", file=sys.stderr)
         return 1

