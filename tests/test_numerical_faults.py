@@ -87,6 +87,7 @@ def _spy_on_updates(monkeypatch) -> dict[int, dict]:
         seen[self.step + 1] = {
             "weights": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
             "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "grads_alive": sum(p.grad is not None for p in self.model.parameters()),
         }
         return real(self, *args, **kwargs)
 
@@ -133,6 +134,8 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeypa
     assert _same({k: before_2[k] for k in initial}, initial)
     assert seen[2]["optimizer"]["state"] == {}, "a skipped first step must not create Adam moments"
     assert not _same({k: before_3[k] for k in initial}, initial)
+    # Gradients are freed as soon as they are applied: none idles through the next rollout.
+    assert seen[3]["grads_alive"] == 0
     # Steps 3 (NaN loss) and 4 (infinite gradient) changed neither the weights nor Adam's moments.
     current = {k: v.detach() for k, v in trainer.model.state_dict().items()}
     assert _same(current, before_3)

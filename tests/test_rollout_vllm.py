@@ -229,8 +229,10 @@ def test_vllm_logprobs_equal_the_trainers_before_and_after_a_weight_sync(fp32_en
     """The engine samples from exactly the trainer's weights: float32 log-probs agree, and keep agreeing after
     the weights change (embedding/tied head, a layer, the final norm) and the trainer says so."""
     model = fp32_engine.model
+    weights_file = fp32_engine._weights_dir / "model.safetensors"
     gap, before = _max_logp_gap(fp32_engine, chat_prompts, num_samples=4, max_new_tokens=16, seed=3)
     assert gap < 1e-3
+    assert not weights_file.exists()  # dropped once loaded: it is RAM (/dev/shm) that nothing reads
     syncs = fp32_engine.sync_count
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(1.5)  # tied: the output head changes too
@@ -240,6 +242,7 @@ def test_vllm_logprobs_equal_the_trainers_before_and_after_a_weight_sync(fp32_en
     gap, after = _max_logp_gap(fp32_engine, chat_prompts, num_samples=4, max_new_tokens=16, seed=3)
     assert fp32_engine.sync_count == syncs + 1 and fp32_engine.last_sync_seconds > 0
     assert gap < 1e-3, "the engine did not pick up the new weights"
+    assert not weights_file.exists()
     assert after.texts != before.texts
     # No change since: the next generation does not resend the weights.
     fp32_engine.generate(chat_prompts, num_samples=1, max_new_tokens=2, seed=0)

@@ -86,3 +86,42 @@ def test_rows_with_different_prompts_in_one_group_are_refused(checkpointed_model
     ids, mask, _ = _batch()
     with torch.no_grad(), pytest.raises(ValueError, match="prompt columns differ"):
         response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=torch.zeros(ids.shape[0], dtype=torch.long))
+
+
+@pytest.mark.model
+def test_the_prompt_pass_keeps_no_weight_copies_for_backward(checkpointed_model):
+    """Under bf16 autocast each matmul saves its bf16 weight copy for backward. The layers and the lm_head chunks
+    are checkpointed, and so is the shared prompt pass: nothing weight-shaped is kept from forward to backward."""
+    ids, mask, groups = _batch()
+    weight_shapes = {tuple(p.shape) for p in checkpointed_model.parameters() if p.dim() == 2}
+    saved = []
+
+    def pack(tensor):
+        saved.append(tuple(tensor.shape))
+        return tensor
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logp, _ = response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=groups)
+    assert saved and logp.requires_grad
+    assert not [shape for shape in saved if shape in weight_shapes]
+
+
+@pytest.mark.model
+def test_response_pass_gradients_reach_grad_without_waiting_for_the_prompt_pass(checkpointed_model):
+    """Each weight is used by the prompt pass and by the response pass. The prompt pass's own backward (reentrant
+    checkpoint) means the response pass's gradient is added to .grad as soon as it is computed, and the prompt
+    pass's later: two accumulations, not one sum held back in a buffer until the end of the backward."""
+    ids, mask, groups = _batch()
+    weight = checkpointed_model.model.layers[10].mlp.down_proj.weight
+    accumulations = []
+    handle = weight.register_post_accumulate_grad_hook(lambda p: accumulations.append(p.grad.clone()))
+    try:
+        checkpointed_model.zero_grad(set_to_none=True)
+        with attention_implementation(checkpointed_model, "eager"):
+            logp, entropy = response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=groups)
+            (logp.sum() + 0.1 * entropy.sum()).backward()
+    finally:
+        handle.remove()
+        checkpointed_model.zero_grad(set_to_none=True)
+    assert len(accumulations) == 2
+    assert accumulations[0].norm() > 0 and not torch.equal(accumulations[0], accumulations[1])

@@ -121,9 +121,10 @@ class _FrozenPrefixLayer(DynamicLayer):
 def _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len: int, prompt_groups: Tensor) -> Tensor:
     """Hidden states that predict the response tokens, ``[N, T, H]``, with each group's prompt computed once.
 
-    The prompt pass runs on one row per group with the model's cache on (and without activation checkpointing:
-    it is G times smaller than the batch, and its keys/values must be kept), then each row's response runs
-    against its group's keys/values (an ``index_select``, so gradients flow back into the one prompt pass).
+    The prompt pass runs on one row per group with the model's cache on, then each row's response runs against its
+    group's keys/values (an ``index_select``, so gradients flow back into the one prompt pass). When the model's
+    layers are checkpointed and a graph is being built, the prompt pass is checkpointed too, as one block (see
+    the comment at the call).
     Measured on the embedded model, 2 prompts x 8 samples, 58 prompt + 64 response tokens, forward + backward
     under bf16 autocast: 4.3-4.8 s against 5.9-6.4 s unshared.
     """
@@ -136,24 +137,30 @@ def _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len: int, prom
     ):
         raise ValueError("prompt_groups puts rows whose prompt columns differ in one group")
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    was_training = body.training
-    body.train(False)  # transformers' checkpointed layers drop the cache in training mode
-    try:
-        prompt_out = body(
-            input_ids=prompt_ids[first_rows],
-            attention_mask=prompt_mask[first_rows],
-            position_ids=position_ids[first_rows, :prompt_len],
-            use_cache=True,
+    layers = list(getattr(body, "layers", []))
+    prompt_args = (prompt_ids[first_rows], prompt_mask[first_rows], position_ids[first_rows, :prompt_len])
+    if torch.is_grad_enabled() and any(getattr(layer, "gradient_checkpointing", False) for layer in layers):
+        # Checkpointed as one block when the model's layers are. Else its activations, and the bf16 weight copies
+        # its matmuls save under autocast (about 0.2 GB for the embedded model), stay alive through the whole
+        # backward, its peak included. It is recomputed once, at the end of backward (1/G of the rows).
+        # Reentrant on purpose: every weight is used by the prompt pass and by the response pass, and in one graph
+        # autograd holds each weight's response-pass gradient in a buffer until the prompt pass's gradient, the
+        # last to come, is added to it: a second whole-model float32 gradient (0.5 GB) at the backward's peak.
+        # The reentrant block runs its own backward, which adds straight into .grad. Its price: such a graph
+        # supports .backward() but not torch.autograd.grad(); the anchor (an empty tensor that requires grad)
+        # makes the block's outputs require grad, since none of its tensor inputs (token ids, masks) does.
+        anchor = torch.empty(0, requires_grad=True)
+        prompt_hidden, *keys_values = checkpoint(
+            _anchored_prompt_pass, body, anchor, *prompt_args, use_reentrant=True
         )
-    finally:
-        body.train(was_training)
-    prompt_cache = prompt_out.cache if hasattr(prompt_out, "cache") else prompt_out.past_key_values
+    else:
+        prompt_hidden, *keys_values = _prompt_pass(body, *prompt_args)
+    half = len(keys_values) // 2
     cache = DynamicCache()
     cache.layers = [
-        _FrozenPrefixLayer(layer.keys.index_select(0, inverse), layer.values.index_select(0, inverse))
-        for layer in prompt_cache.layers
+        _FrozenPrefixLayer(keys.index_select(0, inverse), values.index_select(0, inverse))
+        for keys, values in zip(keys_values[:half], keys_values[half:])
     ]
-    layers = list(getattr(body, "layers", []))
     for layer in layers:
         # The cache is functional, so checkpoint recomputation sees the same prefix: let it through.
         layer._can_checkpoint_with_cache = True
@@ -170,8 +177,32 @@ def _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len: int, prom
         for layer in layers:
             del layer._can_checkpoint_with_cache
     # The last prompt position predicts the first response token; response column t predicts column t + 1.
-    last_prompt = prompt_out.last_hidden_state.index_select(0, inverse)[:, -1:]
+    last_prompt = prompt_hidden.index_select(0, inverse)[:, -1:]
     return torch.cat([last_prompt, response_out.last_hidden_state[:, :-1]], 1)
+
+
+def _prompt_pass(body, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> tuple[Tensor, ...]:
+    """The prompt rows through the body with the cache on: (last hidden state, keys of every layer, values of every
+    layer). Eval mode inside, also when checkpointing recomputes it in backward (with the body back in training
+    mode by then): transformers' checkpointed layers drop the cache in training mode."""
+    was_training = body.training
+    body.train(False)
+    try:
+        out = body(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True
+        )
+    finally:
+        body.train(was_training)
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    return (
+        out.last_hidden_state,
+        *[layer.keys for layer in cache.layers],
+        *[layer.values for layer in cache.layers],
+    )
+
+
+def _anchored_prompt_pass(body, _anchor, *args):
+    return _prompt_pass(body, *args)
 
 
 def _cache_argument(body) -> str:
@@ -190,16 +221,75 @@ class _ChunkScorer:
 
     def __call__(self, hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         # lm_head runs under whatever autocast is active (bf16 matmul); softmax math is always float32.
-        logits = self.lm_head(hidden).float()
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        log_probs = torch.log_softmax(logits, dim=-1)
+        logits = self.lm_head(hidden)
+        return _TargetLogpAndEntropy.apply(logits, targets, self.temperature, self.compute_entropy)
+
+
+# Rows per block of the backward's temporary (about 2**22 float32 elements, 16 MiB).
+_BACKWARD_BLOCK_ELEMENTS = 2**22
+
+
+class _TargetLogpAndEntropy(torch.autograd.Function):
+    """Target log-probability and entropy of ``softmax(logits / tau)`` per row, with a hand-written backward.
+
+    With ``z = logits / tau``, ``lp = log_softmax(z)`` and ``p = exp(lp)``, per row ``i`` and target ``y_i``::
+
+        logp_i = lp_i[y_i]                       dlogp_i / dz_iv = 1[v = y_i] - p_iv
+        H_i    = -sum_v p_iv lp_iv               dH_i / dz_iv    = -p_iv (lp_iv + H_i)
+
+    so for upstream gradients ``a_i`` (of logp) and ``b_i`` (of H)::
+
+        dL/dz_iv = a_i 1[v = y_i] - p_iv (a_i + b_i (lp_iv + H_i)),    dL/dlogits = (dL/dz) / tau
+
+    The values are computed with the same operations as the autograd formulation
+    (``log_softmax``, ``gather``, ``-(exp(lp) * lp).sum``), so they are bitwise the same. Why by hand: autograd
+    through log_softmax -> exp -> mul -> sum keeps about five ``[rows, V]`` float32 tensors alive at the backward's
+    peak (log-probs, their exp, the product, and gradients); this saves the log-probs alone and builds the
+    gradient in one buffer, in row blocks, about 2.5 such tensors at the peak.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, compute_entropy: bool):
+        # Half-precision logits (bf16 autocast) are scored in float32; float32/float64 stay as they are.
+        z = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+        if temperature != 1.0:
+            # In place only on a copy made here (a bf16 input); a float32 input is the caller's tensor.
+            z = z.div_(temperature) if z is not logits else z / temperature
+        log_probs = torch.log_softmax(z, dim=-1)
+        del z
         logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        if self.compute_entropy:
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
+        if compute_entropy:
+            terms = log_probs.exp()
+            entropy = -terms.mul_(log_probs).sum(-1)
+            del terms
         else:
             entropy = logp.new_zeros(())  # placeholder; checkpoint needs tensors, discarded by the caller
+        ctx.save_for_backward(log_probs, targets, entropy)
+        ctx.temperature, ctx.compute_entropy, ctx.input_dtype = temperature, compute_entropy, logits.dtype
         return logp, entropy
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
+        log_probs, targets, entropy = ctx.saved_tensors
+        grad = torch.empty_like(log_probs)
+        block = max(1, _BACKWARD_BLOCK_ELEMENTS // max(1, log_probs.shape[-1]))
+        a = grad_logp.unsqueeze(-1)
+        for start in range(0, log_probs.shape[0], block):
+            rows = slice(start, start + block)
+            out = grad[rows]
+            torch.exp(log_probs[rows], out=out)  # p
+            if ctx.compute_entropy:
+                factor = (log_probs[rows] + entropy[rows].unsqueeze(-1)).mul_(
+                    grad_entropy[rows].unsqueeze(-1)
+                )
+                out.mul_(factor.add_(a[rows]))  # p (a + b (lp + H))
+            else:
+                out.mul_(a[rows])
+        grad.neg_().scatter_add_(-1, targets.unsqueeze(-1), a)
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        return grad.to(ctx.input_dtype), None, None, None
 
 
 def _scatter_rows(chunks: list[Tensor], valid: Tensor) -> Tensor:

@@ -240,6 +240,7 @@ class VLLMRollout:
         except BaseException:
             self.close()  # no half-started engine or weights folder left behind
             raise
+        self._drop_weights_file()
         self.engine_version = ready.get("vllm")
         self.startup_seconds = float(ready.get("seconds", 0.0))
 
@@ -315,11 +316,18 @@ class VLLMRollout:
         start = time.perf_counter()
         write_weights(self.model, self._weights_dir, getattr(torch, self.dtype))
         self._call({"cmd": "reload", "path": str(self._weights_dir)})
+        self._drop_weights_file()
         self._synced_version = version
         self._stale = False
         self.last_sync_seconds = time.perf_counter() - start
         self.sync_count += 1
         return True
+
+    def _drop_weights_file(self) -> None:
+        # The engine has copied the weights into its own tensors; the file in /dev/shm is RAM (the model's size in
+        # bf16) that nothing reads until the next sync writes it again. The config files stay: vLLM's reload
+        # reads the folder's config.
+        (self._weights_dir / "model.safetensors").unlink(missing_ok=True)
 
     def close(self) -> None:
         """Stop the server (and its engine workers) and remove the weights folder. Safe to call twice."""
