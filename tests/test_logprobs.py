@@ -110,7 +110,7 @@ def test_hand_written_backward_passes_gradcheck(temperature, entropy):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_hand_written_backward_equals_autograd_and_values_are_bitwise_equal(temperature, monkeypatch):
     # Several backward row blocks (3 rows each here) and the closed form of the class docstring.
-    monkeypatch.setattr("tepo.logprobs._BACKWARD_BLOCK_ELEMENTS", 3 * 50)
+    monkeypatch.setattr("tepo.logprobs._BLOCK_ELEMENTS", 3 * 50)
     gen = torch.Generator().manual_seed(1)
     logits = (3 * torch.randn(8, 50, generator=gen)).requires_grad_()
     targets = torch.randint(0, 50, (8,), generator=gen)

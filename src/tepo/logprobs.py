@@ -225,8 +225,8 @@ class _ChunkScorer:
         return _TargetLogpAndEntropy.apply(logits, targets, self.temperature, self.compute_entropy)
 
 
-# Rows per block of the backward's temporary (about 2**22 float32 elements, 16 MiB).
-_BACKWARD_BLOCK_ELEMENTS = 2**22
+# Rows per block of the temporaries in forward and backward (about 2**22 float32 elements, 16 MiB).
+_BLOCK_ELEMENTS = 2**22
 
 
 class _TargetLogpAndEntropy(torch.autograd.Function):
@@ -241,28 +241,32 @@ class _TargetLogpAndEntropy(torch.autograd.Function):
 
         dL/dz_iv = a_i 1[v = y_i] - p_iv (a_i + b_i (lp_iv + H_i)),    dL/dlogits = (dL/dz) / tau
 
-    The values are computed with the same operations as the autograd formulation
-    (``log_softmax``, ``gather``, ``-(exp(lp) * lp).sum``), so they are bitwise the same. Why by hand: autograd
-    through log_softmax -> exp -> mul -> sum keeps about five ``[rows, V]`` float32 tensors alive at the backward's
-    peak (log-probs, their exp, the product, and gradients); this saves the log-probs alone and builds the
-    gradient in one buffer, in row blocks, about 2.5 such tensors at the peak.
+    The values are computed row by row with the same operations as the autograd formulation (``log_softmax``,
+    ``gather``, ``-(exp(lp) * lp).sum``), so they are bitwise the same. Why by hand: autograd through
+    log_softmax -> exp -> mul -> sum keeps about five ``[rows, V]`` float32 tensors alive at the backward's peak
+    (log-probs, their exp, the product, and gradients). Here the only ``[rows, V]`` tensors are the log-probs
+    (kept for backward) and the gradient, written in the logits' dtype (bf16 under autocast: half the size);
+    every other temporary is a block of rows (:data:`_BLOCK_ELEMENTS`).
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, temperature: float, compute_entropy: bool):
         # Half-precision logits (bf16 autocast) are scored in float32; float32/float64 stay as they are.
-        z = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-        if temperature != 1.0:
-            # In place only on a copy made here (a bf16 input); a float32 input is the caller's tensor.
-            z = z.div_(temperature) if z is not logits else z / temperature
-        log_probs = torch.log_softmax(z, dim=-1)
-        del z
+        dtype = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
+        log_probs = torch.empty(logits.shape, dtype=dtype, device=logits.device)
+        entropy = (
+            torch.empty(logits.shape[:-1], dtype=dtype, device=logits.device) if compute_entropy else None
+        )
+        for rows in _row_blocks(logits):
+            z = logits[rows].to(dtype)
+            if temperature != 1.0:
+                z = z / temperature
+            torch.log_softmax(z, dim=-1, out=log_probs[rows])
+            if compute_entropy:
+                terms = log_probs[rows].exp()
+                entropy[rows] = -terms.mul_(log_probs[rows]).sum(-1)
         logp = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        if compute_entropy:
-            terms = log_probs.exp()
-            entropy = -terms.mul_(log_probs).sum(-1)
-            del terms
-        else:
+        if entropy is None:
             entropy = logp.new_zeros(())  # placeholder; checkpoint needs tensors, discarded by the caller
         ctx.save_for_backward(log_probs, targets, entropy)
         ctx.temperature, ctx.compute_entropy, ctx.input_dtype = temperature, compute_entropy, logits.dtype
@@ -272,24 +276,25 @@ class _TargetLogpAndEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_logp: Tensor, grad_entropy: Tensor):
         log_probs, targets, entropy = ctx.saved_tensors
-        grad = torch.empty_like(log_probs)
-        block = max(1, _BACKWARD_BLOCK_ELEMENTS // max(1, log_probs.shape[-1]))
+        grad = torch.empty(log_probs.shape, dtype=ctx.input_dtype, device=log_probs.device)
         a = grad_logp.unsqueeze(-1)
-        for start in range(0, log_probs.shape[0], block):
-            rows = slice(start, start + block)
-            out = grad[rows]
-            torch.exp(log_probs[rows], out=out)  # p
+        for rows in _row_blocks(log_probs):
+            block = log_probs[rows].exp()  # p
             if ctx.compute_entropy:
-                factor = (log_probs[rows] + entropy[rows].unsqueeze(-1)).mul_(
-                    grad_entropy[rows].unsqueeze(-1)
-                )
-                out.mul_(factor.add_(a[rows]))  # p (a + b (lp + H))
+                factor = log_probs[rows] + entropy[rows].unsqueeze(-1)
+                block.mul_(factor.mul_(grad_entropy[rows].unsqueeze(-1)).add_(a[rows]))  # p (a + b (lp + H))
             else:
-                out.mul_(a[rows])
-        grad.neg_().scatter_add_(-1, targets.unsqueeze(-1), a)
-        if ctx.temperature != 1.0:
-            grad.div_(ctx.temperature)
-        return grad.to(ctx.input_dtype), None, None, None
+                block.mul_(a[rows])
+            block.neg_().scatter_add_(-1, targets[rows].unsqueeze(-1), a[rows])
+            if ctx.temperature != 1.0:
+                block.div_(ctx.temperature)
+            grad[rows] = block  # cast to the logits' dtype here, a block at a time
+        return grad, None, None, None
+
+
+def _row_blocks(matrix: Tensor):
+    step = max(1, _BLOCK_ELEMENTS // max(1, matrix.shape[-1]))
+    return [slice(start, start + step) for start in range(0, matrix.shape[0], step)]
 
 
 def _scatter_rows(chunks: list[Tensor], valid: Tensor) -> Tensor:
