@@ -125,3 +125,34 @@ def test_response_pass_gradients_reach_grad_without_waiting_for_the_prompt_pass(
         checkpointed_model.zero_grad(set_to_none=True)
     assert len(accumulations) == 2
     assert accumulations[0].norm() > 0 and not torch.equal(accumulations[0], accumulations[1])
+
+
+def test_the_recomputed_prompt_pass_runs_under_the_forwards_autocast(monkeypatch):
+    """The reentrant checkpoint recomputes the prompt pass in backward: under the same bf16 autocast as the
+    forward (else the keys/values it differentiates would not be the ones the responses attended to)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    import tepo.logprobs
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    calls, real = [], tepo.logprobs._prompt_pass
+
+    def spy(*args):
+        calls.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_grad_enabled()))
+        return real(*args)
+
+    monkeypatch.setattr(tepo.logprobs, "_prompt_pass", spy)
+    ids = torch.randint(1, 97, (4, 10))
+    ids[1:, :5] = ids[0, :5]
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        logp, _ = response_logprobs(model, ids, torch.ones_like(ids), 5, prompt_groups=torch.zeros(4, dtype=torch.long))
+    logp.sum().backward()
+    # Forward without a graph (the checkpoint), then the recomputation in backward with one, both in bf16.
+    assert calls == [(True, torch.bfloat16, False), (True, torch.bfloat16, True)]
+    assert model.model.layers[0].mlp.up_proj.weight.grad.abs().sum() > 0
