@@ -33,9 +33,10 @@ def close(actual, expected, tol=1e-5):
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_registry_names():
-    assert list_advantage_estimators() == sorted(ADVANTAGE_ESTIMATORS)
-    assert {"grpo", "dr_grpo", "rloo", "entropy_adv", "erpo"} <= set(list_advantage_estimators())
+def test_registry_names_in_registration_order():
+    # Like list_policy_losses: registration order (ALGORITHMS.md's), not alphabetical.
+    assert list_advantage_estimators() == list(ADVANTAGE_ESTIMATORS)
+    assert list_advantage_estimators()[:5] == ["grpo", "dr_grpo", "rloo", "entropy_adv", "erpo"]
 
 
 def test_grpo_unbiased_std_hand_values():
@@ -403,16 +404,25 @@ def test_describe_rows_and_table():
     assert rows["grpo"] == {
         "name": "grpo",
         "token_level": False,
+        "group_relative": True,
+        "requires": [],
         "defaults": {"eps": 1e-6, "std": "unbiased"},
         "paper": "DeepSeekMath 2402.03300; TEPO 2510.09369 Eq. 5",
+        "summary": "GRPO group-normalised advantage (DeepSeekMath 2402.03300 Sec. 4.1.2; TEPO 2510.09369 Eq. 5).",
     }
+    assert rows["erpo"]["requires"] == ["entropy", "logp", "mask", "ref_logp"]
+    assert rows["entropy_adv"]["requires"] == ["entropy", "mask"]
     assert rows["entropy_adv"]["token_level"] is True
     assert rows["entropy_adv"]["defaults"]["alpha"] == 4e-4
     assert rows["entropy_adv"]["defaults"]["kappa"] == 2.0
     assert "entropy" not in rows["erpo"]["defaults"]  # inputs are not configuration
     table = describe_table()
-    assert table.splitlines()[0].split() == ["name", "level", "defaults", "paper"]
-    assert any(line.startswith("erpo") and " token " in line for line in table.splitlines())
+    assert table.splitlines()[0].split() == ["name", "level", "needs", "defaults", "paper"]
+    assert any(
+        line.startswith("erpo") and " token " in line and "entropy,logp,mask,ref_logp" in line
+        for line in table.splitlines()
+    )
+    assert [line.split()[0] for line in table.splitlines()[1:]] == list_advantage_estimators()
 
 
 # ---------------------------------------------------------------------------------------------------------

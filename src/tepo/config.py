@@ -406,21 +406,50 @@ def validate(config: RunConfig) -> list[str]:
             f"(valid: {', '.join(sorted(ADVANTAGE_ESTIMATORS))})"
         )
     else:
-        if c.rollout.group_size == 1 and c.algorithm.advantage in (
-            "grpo",
-            "dr_grpo",
-            "rloo",
-            "entropy_adv",
-            "erpo",
-        ):
-            errors.append(
-                f"rollout.group_size is 1 but algorithm.advantage={c.algorithm.advantage!r} compares responses "
-                "within a group: every advantage would be 0. Use group_size >= 2."
-            )
-        try:
-            _dry_run_advantages(c)
-        except ValueError as err:
-            errors.append(f"algorithm.advantage_options: {err}")
+        errors += _advantage_errors(c)
+    return errors
+
+
+def _advantage_errors(c: RunConfig) -> list[str]:
+    """Checks of the estimator against what it declares in the registry (never against its name)."""
+    from tepo.advantages import ADVANTAGE_ESTIMATORS, TENSOR_INPUTS, estimator_requires
+
+    name, options = c.algorithm.advantage, c.algorithm.advantage_options
+    errors = []
+    if c.rollout.group_size == 1 and ADVANTAGE_ESTIMATORS[name].group_relative:
+        errors.append(
+            f"rollout.group_size is 1 but algorithm.advantage={name!r} compares responses "
+            "within a group: every advantage would be 0. Use group_size >= 2."
+        )
+    inputs = sorted(set(options) & set(TENSOR_INPUTS))
+    if inputs:
+        errors.append(
+            f"algorithm.advantage_options: {inputs} are per-token inputs the trainer supplies, not options"
+        )
+        return errors
+    try:
+        _dry_run_advantages(c)
+        needs = estimator_requires(name, options)
+    except ValueError as err:
+        errors.append(f"algorithm.advantage_options: {err}")
+        return errors
+    if {"logp", "old_logp"} <= needs:
+        # The built-in trainer computes advantages once per rollout, before the first update, so the policy's
+        # log-probs and the old policy's are one tensor: a signal built from their difference is always 0.
+        defaults = ADVANTAGE_ESTIMATORS[name].defaults
+        changed = {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
+        fix = (
+            f" Drop {', '.join(f'{k}={v!r}' for k, v in changed.items())}: with the defaults {name!r} does not "
+            "read old_logp."
+            if changed and not {"logp", "old_logp"} <= estimator_requires(name, {})
+            else ""
+        )
+        errors.append(
+            f"algorithm.advantage_options: {name!r} with these options compares logp with old_logp, but the "
+            "trainer computes advantages from the pre-update policy (once per rollout, before any update), so "
+            "it passes the same tensor as both: their difference is exactly 0 at every step and that term "
+            f"would silently do nothing.{fix}"
+        )
     return errors
 
 
@@ -450,29 +479,21 @@ def _dry_run_loss(algo: AlgorithmConfig) -> list[str]:
 def _dry_run_advantages(c: RunConfig) -> None:
     import torch
 
-    from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
+    from tepo.advantages import compute_advantages
 
     g = max(c.rollout.group_size, 2)
-    extra = {}
-    if ADVANTAGE_ESTIMATORS[c.algorithm.advantage].token_level:
-        z = torch.zeros(g, 2)
-        extra = {"entropy": z, "mask": torch.ones(g, 2), "logp": z, "ref_logp": z, "old_logp": z}
-        extra = {k: v for k, v in extra.items() if k in _accepted(c.algorithm.advantage)}
+    z = torch.zeros(g, 2)
     compute_advantages(
         c.algorithm.advantage,
         torch.arange(g, dtype=torch.float32),
         g,
-        **extra,
+        logp=z,
+        old_logp=z,
+        ref_logp=z,
+        entropy=z,
+        mask=torch.ones(g, 2),
         **c.algorithm.advantage_options,
     )
-
-
-def _accepted(name: str) -> set[str]:
-    import inspect
-
-    from tepo.advantages import ADVANTAGE_ESTIMATORS
-
-    return set(inspect.signature(ADVANTAGE_ESTIMATORS[name].fn).parameters)
 
 
 def loss_options(algo: AlgorithmConfig) -> dict:
@@ -489,13 +510,38 @@ def loss_options(algo: AlgorithmConfig) -> dict:
 
 
 def needs_reference_model(algo: AlgorithmConfig) -> bool:
+    """True when the KL penalty, the loss or the advantage estimator (as declared in its registry) reads
+    ``ref_logp``. Unknown estimator options raise ValueError (``validate`` reports them first)."""
+    from tepo.advantages import ADVANTAGE_ESTIMATORS, estimator_requires
     from tepo.losses import POLICY_LOSSES
 
     spec = POLICY_LOSSES.get(algo.loss)
     needs = bool(algo.kl_coef) or (spec is not None and "ref_logp" in getattr(spec, "requires", ()))
-    if algo.advantage == "erpo" and algo.advantage_options.get("progress_baseline", "ref") == "ref":
-        needs = True
+    if algo.advantage in ADVANTAGE_ESTIMATORS:
+        needs = needs or "ref_logp" in estimator_requires(algo.advantage, algo.advantage_options)
     return needs
+
+
+def config_warnings(config: RunConfig) -> list[str]:
+    """One-line notes on a valid config that runs but may not do at first what its name suggests (the trainer
+    logs them at start). Problems are ``validate``'s; an invalid estimator setting gives no note here."""
+    from tepo.advantages import ADVANTAGE_ESTIMATORS, estimator_requires
+
+    algo = config.algorithm
+    if algo.advantage not in ADVANTAGE_ESTIMATORS:
+        return []
+    try:
+        needs = estimator_requires(algo.advantage, algo.advantage_options)
+    except ValueError:
+        return []
+    notes = []
+    if {"logp", "ref_logp"} <= needs:
+        notes.append(
+            f"algorithm.advantage={algo.advantage!r} measures the policy against the reference model "
+            "(logp - ref_logp); the reference is a frozen copy of the initial policy, so that term is exactly 0 "
+            "on step 1 and carries signal only once the policy has moved away from it"
+        )
+    return notes
 
 
 def save_config(config: RunConfig, path: Path) -> None:
