@@ -236,3 +236,14 @@ def test_token_inputs_are_not_options():
         ConfigError, match=r"\['mask'\] are per-token inputs the trainer supplies, not options"
     ):
         load_config("default", ["algorithm.advantage_options={mask: 1}"])
+
+
+def test_token_level_output_must_match_the_mask(scratch_registry):
+    @register_advantage_estimator("short_tokens", requires=("mask",), token_level=True)
+    def short_tokens(rewards, group_size, *, mask=None):
+        return torch.zeros(rewards.shape[0], mask.shape[1] - 1)
+
+    with pytest.raises(
+        ValueError, match=r"'short_tokens' returned shape \(2, 2\), expected the mask's shape \(2, 3\)"
+    ):
+        compute_advantages("short_tokens", torch.tensor([1.0, 0.0]), 2, mask=torch.ones(2, 3))

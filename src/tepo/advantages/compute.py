@@ -57,6 +57,11 @@ def compute_advantages(
         raise ValueError(
             f"advantage estimator {name!r} returned shape {tuple(adv.shape)}, expected {expected} with N={n}"
         )
+    if est.token_level and "mask" in inputs and adv.shape != inputs["mask"].shape:
+        raise ValueError(
+            f"advantage estimator {name!r} returned shape {tuple(adv.shape)}, expected the mask's shape "
+            f"{tuple(inputs['mask'].shape)}"
+        )
     return adv.detach().to(out_dtype)
 
 
