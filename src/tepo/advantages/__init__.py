@@ -13,7 +13,7 @@ exact zeros at masked positions::
 Advantages are targets, not functions of the parameters: every input is detached and no output carries a
 gradient. Extend the registry with ``@register_advantage_estimator("name", requires=..., group_relative=...)``.
 
-Reference: ``/work/shared/ALGORITHMS.md``, sections "Advantage estimators" and "Pipeline rules".
+Reference: ALGORITHMS.md, sections "Advantage estimators" and "Pipeline rules".
 """
 
 # isort: off
