@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-from tepo.losses import compute_policy_loss, covariance_stats
+from tepo.losses import compute_policy_loss, mini_batch_stats
 
 E = math.exp
 NAN = float("nan")
@@ -225,7 +225,10 @@ def _rows(flat):
 
 
 def test_covariance_stats_hand_values():
-    stats = covariance_stats(batch()["logp"], batch()["advantages"], batch()["mask"])
+    b = batch()
+    stats = mini_batch_stats(
+        "cov_gauss", logp=b["logp"], old_logp=b["old_logp"], advantages=b["advantages"], mask=b["mask"]
+    )
     mean_cov = sum(COV) / 6
     assert stats.mean_logp == pytest.approx(MEAN_LOGP, rel=1e-12)
     assert stats.mean_adv == pytest.approx(MEAN_ADV, rel=1e-12)

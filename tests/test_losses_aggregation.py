@@ -11,8 +11,8 @@ from tepo.losses import (
     AGG_MODES,
     aggregate,
     compute_policy_loss,
-    covariance_stats,
     list_policy_losses,
+    mini_batch_stats,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -100,19 +100,28 @@ REGULARIZERS = {"entropy_coef": 0.01, "kl_coef": 0.05, "kl_estimator": "k3", "te
 
 
 def _options_for_invariance(name, batch):
-    """Batch-statistic losses get their global statistics and a share that selects every candidate (see
-    tepo.losses.covariance: with per-call statistics they are NOT split-invariant, as in verl)."""
-    stats = covariance_stats(batch["logp"], batch["advantages"], batch["mask"])
-    return {
-        "clip_cov": {"cov_stats": stats, "clip_cov_ratio": 1.0, "clip_cov_lb": -0.3, "clip_cov_ub": 0.3},
-        "kl_cov": {"cov_stats": stats, "kl_cov_ratio": 1.0},
-        "cov_gauss": {"cov_stats": stats},
+    """Batch-statistic losses get their mini-batch statistics (see tepo.losses.covariance: with per-call
+    statistics they are NOT split-invariant, as in verl); `_loss_grad` slices them to each call's rows."""
+    options = {
+        "clip_cov": {"clip_cov_ratio": 0.5, "clip_cov_lb": -0.3, "clip_cov_ub": 0.3, "seed": 3},
+        "kl_cov": {"kl_cov_ratio": 0.3},
     }.get(name, {})
+    stats = mini_batch_stats(
+        name,
+        logp=batch["logp"],
+        old_logp=batch["old_logp"],
+        advantages=batch["advantages"],
+        mask=batch["mask"],
+        **options,
+    )
+    return {**options, **({} if stats is None else {"batch_stats": stats})}
 
 
 def _loss_grad(name, batch, rows, **options):
     logp = batch["logp"][rows].clone().requires_grad_(True)
     part = {k: v[rows] for k, v in batch.items() if k != "logp"}
+    if "batch_stats" in options:
+        options = {**options, "batch_stats": options["batch_stats"].rows(rows)}
     loss, _ = compute_policy_loss(name, logp=logp, **part, **options)
     loss.backward()
     return loss.detach(), logp.grad

@@ -5,6 +5,10 @@ What each name computes is specified in ALGORITHMS.md (shared) and in each loss'
     loss, metrics = compute_policy_loss("tepo", logp=logp, old_logp=old, advantages=adv, mask=mask,
                                         num_tokens=global_token_count)
 
+Rollout correction (sampler != trainer): ``w, keep, m = rollout_correction_weights(old, rollout_logp, mask,
+mode="tis")`` then ``compute_policy_loss(..., mask=mask & keep, is_weights=w)``. Losses with
+``spec.needs_batch_stats`` take ``batch_stats=mini_batch_stats(...).rows(rows, cols)`` per micro-batch.
+
 Extend the registry with ``@register_policy_loss("my_loss")`` on ``fn(inputs: LossInputs, *, option=default)``
 returning ``(per-token loss [N, T], metrics)``.
 """
@@ -15,8 +19,9 @@ from tepo.losses import token_ratio, sequence_ratio, covariance  # noqa: F401
 
 # isort: on
 from tepo.losses.aggregation import AGG_MODES, aggregate
+from tepo.losses.batch_stats import mini_batch_stats
 from tepo.losses.compute import compute_policy_loss, valid_options
-from tepo.losses.covariance import CovStats, covariance_stats
+from tepo.losses.covariance import CovStats
 from tepo.losses.inputs import LossInputs
 from tepo.losses.registry import (
     POLICY_LOSSES,
@@ -28,22 +33,32 @@ from tepo.losses.registry import (
     register_policy_loss,
 )
 from tepo.losses.regularizers import KL_ESTIMATORS, kl_estimate
+from tepo.losses.rollout_correction import (
+    ROLLOUT_CORRECTIONS,
+    resolve_rollout_correction,
+    rollout_correction_weights,
+    rollout_mismatch_metrics,
+)
 
 __all__ = [
     "AGG_MODES",
     "KL_ESTIMATORS",
     "POLICY_LOSSES",
+    "ROLLOUT_CORRECTIONS",
     "CovStats",
     "LossInputs",
     "PolicyLossSpec",
     "aggregate",
     "compute_policy_loss",
-    "covariance_stats",
     "describe",
     "describe_table",
     "get_policy_loss",
     "kl_estimate",
     "list_policy_losses",
+    "mini_batch_stats",
     "register_policy_loss",
+    "resolve_rollout_correction",
+    "rollout_correction_weights",
+    "rollout_mismatch_metrics",
     "valid_options",
 ]

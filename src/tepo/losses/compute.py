@@ -91,6 +91,8 @@ def compute_policy_loss(
     entropy: torch.Tensor | None = None,
     old_entropy: torch.Tensor | None = None,
     num_tokens: float | int | torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    batch_stats: Any = None,
     **options: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy loss ``name`` plus the active regularizers, aggregated into a 0-dim tensor; and its metrics.
@@ -100,6 +102,15 @@ def compute_policy_loss(
     the mini-batch (default: this call's count); options ``num_seqs`` and ``max_len`` are the global sequence
     count and the L_max constant (defaults N and T). With global counts, the sum of micro-batch losses equals
     the mini-batch loss. Masked positions may hold anything, NaN and inf included.
+
+    ``is_weights`` ([N, T], optional) are rollout-correction importance weights (`tepo.losses.
+    rollout_correction_weights`): detached constants multiplied into the loss's per-token term before
+    aggregation, ``agg(w * l)``, the same one path for every registered loss. They weight the policy term only,
+    not the regularizers (entropy, KL to the reference, TEPO's KL mask), as verl applies ``rollout_is_weights``
+    to ``pg_losses`` alone. None computes exactly what a call without them computes.
+
+    ``batch_stats`` is this call's slice of `tepo.losses.mini_batch_stats` for losses with
+    ``spec.needs_batch_stats`` (``stats.rows(rows, cols)``); it is handed to the loss's statistics option.
 
     Options: the loss's own (see `POLICY_LOSSES[name].defaults`; ``eps`` sets eps_low = eps_high), ``agg``,
     ``entropy_coef`` (adds -coef*agg(H), needs ``entropy``), ``kl_coef`` with ``kl_estimator`` in k1/k2/k3
@@ -113,6 +124,14 @@ def compute_policy_loss(
     """
     spec = get_policy_loss(name)
     own, common = _split_options(spec, options)
+    if batch_stats is not None:
+        if not spec.needs_batch_stats:
+            raise ValueError(
+                f"policy loss {name!r} takes no batch_stats (its spec.needs_batch_stats is False)"
+            )
+        if spec.batch_stats_option in options:
+            raise ValueError(f"pass either batch_stats or {spec.batch_stats_option}, not both")
+        own[spec.batch_stats_option] = batch_stats
     inputs = prepare_inputs(
         logp=logp,
         old_logp=old_logp,
@@ -124,6 +143,7 @@ def compute_policy_loss(
         num_tokens=num_tokens,
         num_seqs=common["num_seqs"],
         max_len=common["max_len"],
+        is_weights=is_weights,
     )
     for tensor_name in spec.requires:
         _require(tensor_name, getattr(inputs, tensor_name) is not None, f"policy loss {name!r}")
@@ -142,6 +162,8 @@ def compute_policy_loss(
         raise ValueError(
             f"policy loss {name!r} must return a per-token loss of shape {tuple(inputs.logp.shape)}, got {got}"
         )
+    if inputs.is_weights is not None:
+        loss_mat = loss_mat * inputs.is_weights
     counts = {"num_tokens": inputs.num_tokens, "num_seqs": inputs.num_seqs, "max_len": inputs.max_len}
     policy_loss = aggregate(loss_mat, inputs.mask, agg, **counts)
     total = policy_loss

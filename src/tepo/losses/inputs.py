@@ -21,7 +21,9 @@ class LossInputs:
 
     All tensors are [N, T] over response tokens and already sanitised: masked entries are 0 (finite).
     ``advantages`` is already broadcast to [N, T]. ``mask`` is bool. ``num_tokens``, ``num_seqs`` and
-    ``max_len`` are the global counts of the mini-batch (see `tepo.losses.aggregate`).
+    ``max_len`` are the global counts of the mini-batch (see `tepo.losses.aggregate`). ``is_weights`` (detached,
+    or None) are the rollout-correction weights: `tepo.losses.compute_policy_loss` multiplies them into the
+    loss's per-token term itself, so a registered loss must not apply them.
     """
 
     logp: torch.Tensor
@@ -34,6 +36,7 @@ class LossInputs:
     num_tokens: float
     num_seqs: float
     max_len: float
+    is_weights: torch.Tensor | None = None
 
 
 def _check_2d(name: str, tensor: torch.Tensor, shape: torch.Size) -> None:
@@ -65,6 +68,7 @@ def prepare_inputs(
     num_tokens,
     num_seqs,
     max_len,
+    is_weights: torch.Tensor | None = None,
 ) -> LossInputs:
     """Validate the raw tensors and return sanitised `LossInputs` (see the module docstring)."""
     if not isinstance(logp, torch.Tensor) or logp.dim() != 2:
@@ -75,7 +79,12 @@ def prepare_inputs(
     shape = logp.shape
     _check_2d("old_logp", old_logp, shape)
     _check_2d("mask", mask, shape)
-    for name, tensor in (("ref_logp", ref_logp), ("entropy", entropy), ("old_entropy", old_entropy)):
+    for name, tensor in (
+        ("ref_logp", ref_logp),
+        ("entropy", entropy),
+        ("old_entropy", old_entropy),
+        ("is_weights", is_weights),
+    ):
         if tensor is not None:
             _check_2d(name, tensor, shape)
 
@@ -100,6 +109,10 @@ def prepare_inputs(
         )
 
     dtype = _compute_dtype(logp)
+    if is_weights is not None:
+        is_weights = _clean(is_weights.detach(), valid, dtype)
+        if not bool(torch.all(torch.isfinite(is_weights) & (is_weights >= 0))):
+            raise ValueError("is_weights must be finite and >= 0 on every valid token")
     default_tokens = max(float(valid.sum().item()), 1.0)
     return LossInputs(
         logp=_clean(logp, valid, dtype),
@@ -113,4 +126,5 @@ def prepare_inputs(
         num_tokens=as_count(num_tokens, default_tokens, "num_tokens"),
         num_seqs=as_count(num_seqs, float(max(shape[0], 1)), "num_seqs"),
         max_len=as_count(max_len, float(max(shape[1], 1)), "max_len"),
+        is_weights=is_weights,
     )

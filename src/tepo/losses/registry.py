@@ -34,11 +34,21 @@ class PolicyLossSpec:
     defaults: MappingProxyType  # option name -> default value, read from fn's keyword-only parameters
     paper: str = ""
     requires: tuple[str, ...] = field(default=())  # optional LossInputs tensors the loss cannot work without
+    # Mini-batch statistics (see `tepo.losses.mini_batch_stats`): fn(inputs, **options) -> stats, and the option
+    # of ``fn`` that receives them. None for losses whose per-token terms need nothing beyond their own rows.
+    batch_stats: Callable[..., Any] | None = None
+    batch_stats_option: str | None = None
 
     @property
     def summary(self) -> str:
         doc = inspect.getdoc(self.fn) or ""
         return doc.splitlines()[0] if doc else ""
+
+    @property
+    def needs_batch_stats(self) -> bool:
+        """True when the loss depends on statistics of the whole optimizer mini-batch: compute them once per
+        mini-batch with `tepo.losses.mini_batch_stats` and pass ``batch_stats=`` to every micro-batch call."""
+        return self.batch_stats is not None
 
     @property
     def has_clip_pair(self) -> bool:
@@ -70,11 +80,16 @@ def register_policy_loss(
     default_agg: str = "token-mean",
     paper: str = "",
     requires: tuple[str, ...] = (),
+    batch_stats: Callable[..., Any] | None = None,
+    batch_stats_option: str | None = None,
 ) -> Callable[[LossFn], LossFn]:
     """Decorator adding ``fn`` to `POLICY_LOSSES` under ``name``.
 
     ``fn(inputs: LossInputs, *, option=default, ...) -> (loss_mat [N, T], metrics)``. ``requires`` names optional
     tensors (``ref_logp``, ``entropy``, ``old_entropy``) the loss needs; a call without them raises ValueError.
+    ``batch_stats`` (with ``batch_stats_option``, the name of the loss option that receives its result) declares
+    that the loss needs statistics of the whole optimizer mini-batch: ``batch_stats(inputs, **options)`` computes
+    them from the mini-batch's `LossInputs` and the loss's own options (see `tepo.losses.mini_batch_stats`).
     Registering a name twice raises ValueError (remove the old entry from ``POLICY_LOSSES`` first to replace it).
     """
     if not isinstance(name, str) or not name:
@@ -83,17 +98,26 @@ def register_policy_loss(
     unknown = [r for r in requires if r not in _TENSOR_FIELDS]
     if unknown:
         raise ValueError(f"requires={unknown!r}: expected names among {', '.join(_TENSOR_FIELDS)}")
+    if (batch_stats is None) != (batch_stats_option is None):
+        raise ValueError("pass batch_stats and batch_stats_option together (or neither)")
 
     def decorator(fn: LossFn) -> LossFn:
         if name in POLICY_LOSSES:
             raise ValueError(f"policy loss {name!r} is already registered")
+        defaults = _options_of(fn, name)
+        if batch_stats_option is not None and batch_stats_option not in defaults:
+            raise ValueError(
+                f"policy loss {name!r}: batch_stats_option {batch_stats_option!r} is not one of its options"
+            )
         POLICY_LOSSES[name] = PolicyLossSpec(
             name=name,
             fn=fn,
             default_agg=default_agg,
-            defaults=MappingProxyType(_options_of(fn, name)),
+            defaults=MappingProxyType(defaults),
             paper=paper,
             requires=tuple(requires),
+            batch_stats=batch_stats,
+            batch_stats_option=batch_stats_option,
         )
         return fn
 

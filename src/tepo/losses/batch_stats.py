@@ -1,0 +1,64 @@
+"""`mini_batch_stats`: the statistics a loss needs over a whole optimizer mini-batch, computed once.
+
+Some losses (``spec.needs_batch_stats``: clip_cov, kl_cov, cov_gauss) depend on statistics of the batch they
+score: means, a std, a share of tokens chosen among all valid ones. The trainer splits an optimizer mini-batch
+into micro-batches for memory, so each call would otherwise see only its own rows. Per mini-batch::
+
+    stats = mini_batch_stats(name, logp=logp_mb, old_logp=old_mb, advantages=adv_mb, mask=mask_mb, **options)
+    for rows, cols in micro_batches:            # rows: positions within the mini-batch tensors above
+        loss, _ = compute_policy_loss(name, ..., batch_stats=None if stats is None else stats.rows(rows, cols),
+                                      num_tokens=..., **options)
+
+gives, summed over micro-batches, exactly the gradient of one call on the mini-batch. ``logp_mb`` must be the
+current policy's log-probabilities of the mini-batch (those the micro-batch calls will compute, detached): the
+old-policy pass when this is the first update since it, else a no-grad pass at the current parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tepo.losses.compute import _split_options
+from tepo.losses.inputs import prepare_inputs
+from tepo.losses.registry import get_policy_loss
+
+
+def mini_batch_stats(
+    name: str,
+    *,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    **options: Any,
+) -> Any:
+    """Statistics of the whole mini-batch for loss ``name``, or None when ``spec.needs_batch_stats`` is False.
+
+    ``logp`` (current policy, any grad is dropped), ``old_logp``, ``mask``: [N, T] over the mini-batch's rows;
+    ``advantages`` [N] or [N, T]. ``options`` are those of `compute_policy_loss` (the same dict the trainer passes
+    there; options that do not shape the statistics are accepted and ignored, unknown ones are rejected). The
+    mask given here must be the one the micro-batch calls use (rollout-correction rejections already applied).
+    The result's ``rows(index, cols)`` slices it for one micro-batch call.
+    """
+    spec = get_policy_loss(name)
+    if spec.batch_stats_option is not None and spec.batch_stats_option in options:
+        raise ValueError(f"mini_batch_stats computes {spec.batch_stats_option}; do not pass it")
+    own, _ = _split_options(spec, options)
+    if not spec.needs_batch_stats:
+        return None
+    inputs = prepare_inputs(
+        logp=logp.detach(),
+        old_logp=old_logp,
+        advantages=advantages,
+        mask=mask,
+        ref_logp=None,
+        entropy=None,
+        old_entropy=None,
+        num_tokens=None,
+        num_seqs=None,
+        max_len=None,
+    )
+    with torch.no_grad():
+        return spec.batch_stats(inputs, **{**spec.defaults, **own})

@@ -1,0 +1,263 @@
+"""Rollout correction: importance weights and rejections for a sampler that is not the trainer's policy.
+
+The rollout engine (vLLM in bf16, say) samples ``y ~ pi_s`` while the loss treats the samples as drawn from
+``pi_old``, the trainer's own float32 scoring of the same weights. Every policy-gradient estimator then carries
+the factor ``rho_t = pi_old(y_t | y_<t) / pi_s(y_t | y_<t)`` that nothing accounts for (Yao et al., "Your
+Efficient RL Framework Secretly Brings You Off-Policy RL Training", 2025; Liu, Li et al., "When Speed Kills
+Stability: Demystifying RL Collapse from the Training-Inference Mismatch", 2025). With ``log rho_t = old_logp -
+rollout_logp`` on valid tokens, `rollout_correction_weights` returns per-token weights ``w`` (multiplied into the
+policy loss's per-token term by ``compute_policy_loss(..., is_weights=w)``) and a ``keep`` mask (tokens to train
+on at all), for these modes:
+
+``none``
+    ``w = 1``, ``keep = mask``.
+``tis`` (token-level truncated IS; Yao et al.; verl ``rollout_is="token"``)
+    ``w_t = min(rho_t, C)``, ``C = cap`` (default 2.0: verl's ``rollout_is_threshold`` default and Yao et al.'s
+    C). No lower truncation (as verl: a small weight is unbiased, only large ones are capped). ``keep = mask``.
+``mis`` (token-level masked IS; TRL ``vllm_importance_sampling_mode="token_mask"``, verl token IS with
+``rollout_rs="token_k1"``)
+    ``keep_t = [c_low <= rho_t <= c_high]``, ``w_t = rho_t`` on kept tokens and 0 on dropped ones (the kept
+    tokens keep their ratio, as in TRL's token_mask and the MIS estimator of Liu, Li et al.). Defaults [0.5, 2.0]:
+    verl's ``token_k1`` with a single threshold 2.0, whose lower bound is its reciprocal.
+``seq_tis`` (sequence-level truncated IS; verl ``rollout_is="sequence"``)
+    ``w_i = min(prod_t rho_t, C) = exp(min(sum_t log rho_t, log C))`` on every token of row i: the product ratio,
+    as verl and TRL's ``sequence_truncate`` (not the geometric mean). Default ``C = 2.0`` (verl).
+``seq_mask`` (sequence-level geometric-mean rejection; verl ``rollout_rs="seq_mean_k1"``, "Geo-RS")
+    ``g_i = exp(mean_t log rho_t)``, the geometric-mean ratio (the same length normalisation as TEPO's sequence
+    ratio); ``keep_i = [c_low <= g_i <= c_high]`` drops the whole row, ``w = 1`` on kept rows (verl's Geo-RS
+    presets apply no IS weight) and 0 on dropped ones. Defaults [0.999, 1.001]: verl's ``decoupled_geo_rs``.
+
+**Dropped tokens** (``keep`` False) must leave the loss entirely: the caller ANDs ``keep`` into the loss mask
+*before* counting the global ``num_tokens``, so they leave the denominator too (verl replaces ``response_mask``;
+TRL instead zeroes the weight and keeps them in the denominator). ``w`` is also 0 there, so a caller that only
+passes the weights gets TRL's reading. The weights are constants (computed from detached log-probs): IS weights
+change the measure, not the objective (verl ``rollout_corr_math.md`` sec. 3.2.2).
+
+`rollout_mismatch_metrics` measures the gap itself (KL(pi_s || pi_old), |log rho|, out-of-range shares);
+`resolve_rollout_correction` turns the config's ``auto`` into a mode.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+
+ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "mis", "seq_tis", "seq_mask")
+AUTO = "auto"
+# What ``auto`` turns on where the sampler is another engine (vLLM): token-level TIS with C = 2, the correction
+# of Yao et al. and verl's ``decoupled_token_is()`` preset.
+AUTO_ROLLOUT_CORRECTION = "tis"
+
+# Each mode's options and their defaults (see the module docstring for the anchors they come from).
+MODE_OPTIONS: dict[str, dict[str, float]] = {
+    "none": {},
+    "tis": {"cap": 2.0},
+    "mis": {"c_low": 0.5, "c_high": 2.0},
+    "seq_tis": {"cap": 2.0},
+    "seq_mask": {"c_low": 0.999, "c_high": 1.001},
+}
+
+
+def rollout_correction_option_errors(mode: str, options: dict[str, Any]) -> list[str]:
+    """Problems with ``options`` for ``mode``, one message each, each starting with the option's name."""
+    if mode not in MODE_OPTIONS:
+        return [f"unknown rollout correction {mode!r} (valid: {', '.join((AUTO, *ROLLOUT_CORRECTIONS))})"]
+    if not isinstance(options, dict):
+        return [f"must be a mapping of option names to numbers, got {type(options).__name__}"]
+    valid = MODE_OPTIONS[mode]
+    errors = []
+    for key, value in options.items():
+        if key not in valid:
+            accepted = ", ".join(valid) or "none"
+            errors.append(f"{key}: not an option of rollout correction {mode!r} (its options: {accepted})")
+        elif isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            errors.append(f"{key}: must be a finite number, got {value!r}")
+        elif not value > 0:
+            errors.append(f"{key}: must be > 0, got {value}")
+    if not errors and "c_low" in valid:
+        low = options.get("c_low", valid["c_low"])
+        high = options.get("c_high", valid["c_high"])
+        if low > high:
+            errors.append(f"c_low: must be <= c_high, got c_low={low} > c_high={high}")
+    return errors
+
+
+def _resolved_options(mode: str, options: dict[str, Any]) -> dict[str, float]:
+    errors = rollout_correction_option_errors(mode, options)
+    if errors:
+        raise ValueError("rollout correction options: " + "; ".join(errors))
+    return {**MODE_OPTIONS[mode], **{k: float(v) for k, v in options.items()}}
+
+
+def _masked_mean(values: torch.Tensor, valid: torch.Tensor, empty: float) -> float:
+    count = int(valid.sum().item())
+    if count == 0:
+        return empty
+    return float(torch.where(valid, values, 0.0).sum().item() / count)
+
+
+def _row_log_ratios(log_ratio: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_t log rho, mean_t log rho) per row over valid tokens; an empty row has 0 and 0."""
+    total = log_ratio.sum(dim=-1)
+    return total, total / valid.sum(dim=-1).clamp(min=1).to(log_ratio.dtype)
+
+
+def _log_ratio(old_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor):
+    if old_logp.dim() != 2 or old_logp.shape != rollout_logp.shape or old_logp.shape != mask.shape:
+        raise ValueError(
+            "old_logp, rollout_logp and mask must all be [N, T] of one shape, got "
+            f"{tuple(old_logp.shape)}, {tuple(rollout_logp.shape)} and {tuple(mask.shape)}"
+        )
+    valid = mask.bool()
+    dtype = torch.promote_types(torch.promote_types(old_logp.dtype, rollout_logp.dtype), torch.float32)
+    diff = old_logp.detach().to(dtype) - rollout_logp.detach().to(dtype)
+    if bool(torch.isnan(diff[valid]).any()):
+        raise ValueError(
+            "old_logp - rollout_logp is NaN on a valid token (a log-probability is NaN or both are inf)"
+        )
+    return torch.where(valid, diff, torch.zeros((), dtype=dtype, device=diff.device)), valid
+
+
+def rollout_correction_weights(
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str,
+    **options: float,
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """``(weights [N, T], keep [N, T] bool, metrics)`` for ``mode``; equations in the module docstring.
+
+    ``old_logp``: the trainer's log-probabilities of the sampled tokens (pi_old); ``rollout_logp``: the sampler's
+    (pi_s); ``mask``: the valid response tokens. Masked positions may hold anything and get weight 0, keep False.
+    Options: ``cap`` (tis, seq_tis), ``c_low`` / ``c_high`` (mis, seq_mask); see `MODE_OPTIONS` for defaults.
+    The weights are detached. Metrics (python floats): ``is_weight_mean`` / ``_min`` / ``_max`` over kept
+    tokens, ``is_truncated_frac`` (valid tokens whose weight was capped), ``is_dropped_frac`` (valid tokens
+    dropped) and ``is_dropped_seq_frac`` (non-empty rows with a dropped token).
+    """
+    if mode not in ROLLOUT_CORRECTIONS:
+        raise ValueError(
+            f"unknown rollout correction mode {mode!r}; expected one of: {', '.join(ROLLOUT_CORRECTIONS)}"
+        )
+    opts = _resolved_options(mode, options)
+    log_ratio, valid = _log_ratio(old_logp, rollout_logp, mask)
+    dtype = log_ratio.dtype
+    ones = torch.ones_like(log_ratio)
+    truncated = torch.zeros_like(valid)
+    keep = valid
+
+    if mode == "tis":
+        log_cap = math.log(opts["cap"])
+        truncated = valid & (log_ratio > log_cap)
+        weights = torch.exp(log_ratio.clamp(max=log_cap))
+    elif mode == "seq_tis":
+        log_cap = math.log(opts["cap"])
+        row_sum, _ = _row_log_ratios(log_ratio, valid)
+        truncated = valid & (row_sum > log_cap).unsqueeze(-1)
+        weights = torch.exp(row_sum.clamp(max=log_cap)).unsqueeze(-1).expand_as(log_ratio)
+    elif mode == "mis":
+        inside = (log_ratio >= math.log(opts["c_low"])) & (log_ratio <= math.log(opts["c_high"]))
+        keep = valid & inside
+        # exp only where kept (bounded by c_high): no overflow from a dropped token's huge ratio.
+        weights = torch.exp(
+            torch.where(keep, log_ratio, torch.zeros((), dtype=dtype, device=log_ratio.device))
+        )
+    elif mode == "seq_mask":
+        _, row_mean = _row_log_ratios(log_ratio, valid)
+        inside = (row_mean >= math.log(opts["c_low"])) & (row_mean <= math.log(opts["c_high"]))
+        keep = valid & inside.unsqueeze(-1)
+        weights = ones
+    else:
+        weights = ones
+    zero = torch.zeros((), dtype=dtype, device=log_ratio.device)
+    weights = torch.where(keep, weights, zero).detach()
+
+    rows = valid.any(dim=-1)
+    dropped = valid & ~keep
+    kept_weights = weights[keep]
+    metrics = {
+        "is_weight_mean": _masked_mean(weights, keep, empty=1.0),
+        "is_weight_min": float(kept_weights.min().item()) if kept_weights.numel() else 1.0,
+        "is_weight_max": float(kept_weights.max().item()) if kept_weights.numel() else 1.0,
+        "is_truncated_frac": _masked_mean(truncated.to(dtype), valid, empty=0.0),
+        "is_dropped_frac": _masked_mean(dropped.to(dtype), valid, empty=0.0),
+        "is_dropped_seq_frac": _masked_mean(dropped.any(dim=-1).to(dtype), rows, empty=0.0),
+    }
+    return weights, keep, metrics
+
+
+def rollout_mismatch_metrics(
+    trainer_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    threshold_c: float = 2.0,
+) -> dict[str, float]:
+    """How far the sampler pi_s is from the trainer's policy pi_t on the sampled tokens (python floats).
+
+    With ``d_t = log pi_t(y_t) - log pi_s(y_t)`` on valid tokens (the samples come from pi_s):
+
+    - ``mismatch_kl_k1`` = mean_t(-d_t) = mean(log pi_s - log pi_t), the plain estimator of KL(pi_s || pi_t);
+    - ``mismatch_kl_k3`` = mean_t(exp(d_t) - 1 - d_t) >= 0, Schulman's k3 estimator of the same KL (unbiased
+      since E_s[pi_t/pi_s] = 1; verl's ``rollout_corr/k3_kl``);
+    - ``mismatch_abs_log_ratio_mean`` / ``_max`` = mean / max of |d_t|;
+    - ``mismatch_token_out_frac``: share of valid tokens with pi_t/pi_s outside [1/C, C] (C = ``threshold_c``);
+    - ``mismatch_seq_token_out_frac``: share of non-empty rows holding at least one such token;
+    - ``mismatch_seq_out_frac``: share of non-empty rows whose geometric-mean ratio g_i = exp(mean_t d_t) is
+      outside [1/C, C];
+    - ``mismatch_seq_ratio_mean`` / ``_std`` (population, ddof 0) / ``_min`` / ``_max`` of g_i over non-empty rows.
+
+    Equal inputs give exactly 0 for the KLs, |d|, the shares and the std, and exactly 1 for g's mean, min, max.
+    """
+    if isinstance(threshold_c, bool) or not isinstance(threshold_c, numbers.Real) or not threshold_c >= 1:
+        raise ValueError(f"threshold_c must be a number >= 1 (the range is [1/C, C]), got {threshold_c!r}")
+    log_ratio, valid = _log_ratio(trainer_logp, rollout_logp, mask)
+    dtype = log_ratio.dtype
+    log_c = math.log(threshold_c)
+    out = valid & (log_ratio.abs() > log_c)
+    rows = valid.any(dim=-1)
+    _, row_mean = _row_log_ratios(log_ratio, valid)
+    seq_ratio = torch.exp(row_mean[rows])
+    abs_log = log_ratio.abs()
+    if seq_ratio.numel():
+        seq_mean = seq_ratio.mean()
+        seq_std = float(((seq_ratio - seq_mean) ** 2).mean().sqrt().item())
+        seq_stats = (
+            float(seq_mean.item()),
+            seq_std,
+            float(seq_ratio.min().item()),
+            float(seq_ratio.max().item()),
+        )
+    else:
+        seq_stats = (1.0, 0.0, 1.0, 1.0)
+    return {
+        "mismatch_kl_k1": _masked_mean(-log_ratio, valid, empty=0.0),
+        "mismatch_kl_k3": _masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, valid, empty=0.0),
+        "mismatch_abs_log_ratio_mean": _masked_mean(abs_log, valid, empty=0.0),
+        "mismatch_abs_log_ratio_max": float(abs_log[valid].max().item()) if bool(valid.any()) else 0.0,
+        "mismatch_token_out_frac": _masked_mean(out.to(dtype), valid, empty=0.0),
+        "mismatch_seq_token_out_frac": _masked_mean(out.any(dim=-1).to(dtype), rows, empty=0.0),
+        "mismatch_seq_out_frac": _masked_mean((row_mean.abs() > log_c).to(dtype), rows, empty=0.0),
+        "mismatch_seq_ratio_mean": seq_stats[0],
+        "mismatch_seq_ratio_std": seq_stats[1],
+        "mismatch_seq_ratio_min": seq_stats[2],
+        "mismatch_seq_ratio_max": seq_stats[3],
+    }
+
+
+def resolve_rollout_correction(config: Any, *, backend: str | None = None) -> str:
+    """The mode to run for ``config`` (a `tepo.config.RunConfig`): ``algorithm.rollout_correction`` itself, except
+    ``auto``: `AUTO_ROLLOUT_CORRECTION` when the rollout backend is vLLM (another engine, in bf16 by default,
+    samples), ``none`` for the hf backend (the trainer's own model object samples). ``backend``: the backend the
+    trainer already resolved (default: resolve ``rollout.backend`` here, which for ``auto`` looks for vLLM)."""
+    name = config.algorithm.rollout_correction
+    if name != AUTO:
+        return name
+    if backend is None:
+        from tepo.rollout import resolve_rollout_backend
+
+        backend = resolve_rollout_backend(config.rollout.backend, config.rollout.vllm_python)
+    return AUTO_ROLLOUT_CORRECTION if backend == "vllm" else "none"
