@@ -79,6 +79,11 @@ class AlgorithmConfig:
     tepo_kl_mask_coef: float = 0.0
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal (DAPO; TEPO Eq. 10)
     max_resample_rounds: int = 0  # extra prompt batches drawn to refill a batch that dynamic sampling thinned
+    # Off-policy correction for a sampler that is not the trainer's float32 policy (tepo.losses.rollout_correction):
+    # none | tis | mis | seq_tis | seq_mask, or auto (tis with the vllm backend, none with hf; resolved by
+    # tepo.losses.resolve_rollout_correction). Options: cap (tis, seq_tis), c_low / c_high (mis, seq_mask).
+    rollout_correction: str = "auto"
+    rollout_correction_options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -392,6 +397,7 @@ def validate(config: RunConfig) -> list[str]:
         errors.append("train.save_every, eval.every, eval.size and eval.samples must be >= 0")
     if c.algorithm.max_resample_rounds and not c.algorithm.dynamic_sampling:
         errors.append("algorithm.max_resample_rounds > 0 needs algorithm.dynamic_sampling: true")
+    errors += _rollout_correction_errors(c.algorithm)
 
     # Registry names and options: a dry call on a tiny batch catches unknown options now, not after model load.
     if c.algorithm.loss not in POLICY_LOSSES:
@@ -451,6 +457,28 @@ def _advantage_errors(c: RunConfig) -> list[str]:
             f"would silently do nothing.{fix}"
         )
     return errors
+
+
+def _rollout_correction_errors(algo: AlgorithmConfig) -> list[str]:
+    from tepo.losses.rollout_correction import (
+        AUTO,
+        AUTO_ROLLOUT_CORRECTION,
+        ROLLOUT_CORRECTIONS,
+        rollout_correction_option_errors,
+    )
+
+    name = algo.rollout_correction
+    if name != AUTO and name not in ROLLOUT_CORRECTIONS:
+        valid = ", ".join((AUTO, *ROLLOUT_CORRECTIONS))
+        return [f"algorithm.rollout_correction: unknown correction {name!r} (valid: {valid})"]
+    # auto's options are those of the mode it turns on (where it turns one on).
+    mode = AUTO_ROLLOUT_CORRECTION if name == AUTO else name
+    return [
+        f"algorithm.rollout_correction_options.{message}"
+        if isinstance(algo.rollout_correction_options, dict)
+        else f"algorithm.rollout_correction_options: {message}"
+        for message in rollout_correction_option_errors(mode, algo.rollout_correction_options)
+    ]
 
 
 def _dry_run_loss(algo: AlgorithmConfig) -> list[str]:
