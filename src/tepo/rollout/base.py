@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -69,8 +69,29 @@ class RolloutBatch:
         return self.input_ids.shape[0]
 
 
+@runtime_checkable
 class RolloutBackend(Protocol):
-    """A generation engine: ``num_samples`` responses for each prompt (given as token ids, chat template applied)."""
+    """The whole contract of a generation engine; what the trainer and ``tepo eval`` call, and nothing else.
+
+    A backend is built from config by :func:`tepo.rollout.make_rollout_from_config` (its class is registered in
+    :mod:`tepo.rollout.registry` and has a ``from_config`` classmethod), used as a context manager or closed
+    explicitly, told after each optimizer step that the weights changed, and asked for samples.
+
+    Behaviour log-probabilities (``return_logprobs=True``): ``RolloutBatch.rollout_logp[i, t]`` is the
+    log-probability the *sampler* gave the token it sampled at response position ``t`` of row ``i``, under the
+    exact distribution it drew from: ``log_softmax(logits / temperature)``, and for ``top_p < 1`` the nucleus
+    renormalised, i.e. ``log p_t(y) - log sum_{v in nucleus} p_t(v)`` where ``p_t = softmax(logits / temperature)``
+    and the nucleus is what is left after removing, from the least likely token upwards, every token whose
+    cumulative probability stays ``<= 1 - top_p`` (the most likely token is always kept; the rule of both
+    transformers' ``TopPLogitsWarper`` and vLLM's sampler). With ``greedy=True`` it is ``log_softmax(logits)``.
+    The logits are the engine's own (bf16 autocast or a bf16 engine round them), which is the point: these are
+    the behaviour policy's numbers for off-policy corrections (docs/offpolicy.md). 0 at padding.
+    """
+
+    pad_token_id: int
+    # Seconds the last ``generate`` spent sending changed weights to a separate engine (counted in its
+    # ``gen_seconds``); 0.0 when nothing was sent, None for a backend that samples from the trainer's own model.
+    last_sync_seconds: float | None
 
     def generate(
         self,
@@ -82,13 +103,59 @@ class RolloutBackend(Protocol):
         top_p: float = 1.0,
         seed: int | None = None,
         greedy: bool = False,
-    ) -> RolloutBatch: ...
+        return_logprobs: bool = False,
+    ) -> RolloutBatch:
+        """``num_samples`` responses per prompt (token ids, chat template applied), rows grouped by prompt."""
+        ...
 
     def weights_updated(self) -> None:
         """Called by the trainer after every change of the model's weights (an engine with its own copy resyncs)."""
+        ...
 
     def close(self) -> None:
         """Release what the backend started (the vLLM server process); safe to call twice."""
+        ...
+
+    def __enter__(self) -> RolloutBackend: ...
+
+    def __exit__(self, *exc) -> None:
+        """Calls :meth:`close`."""
+        ...
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a response: the model's generation-config EOS id(s) and the tokenizer's EOS token."""
+    ids = model.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("neither the model's generation config nor the tokenizer defines an EOS token")
+    return sorted(set(int(i) for i in ids))
+
+
+def check_generate_request(
+    prompt_ids, num_samples, max_new_tokens, temperature, top_p, greedy, vocab_size
+) -> None:
+    """One clear ``ValueError`` for a malformed ``generate`` call, before any engine work."""
+    if not isinstance(prompt_ids, list | tuple) or not prompt_ids:
+        raise ValueError("prompt_ids must be a non-empty list of token-id lists")
+    for i, ids in enumerate(prompt_ids):
+        if not isinstance(ids, list | tuple) or not ids:
+            raise ValueError(f"prompt_ids[{i}] must be a non-empty list of token ids; got {ids!r:.80}")
+        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt_ids[{i}] holds {bad[:3]!r}; expected ints in [0, {vocab_size})")
+    for name, value in (("num_samples", num_samples), ("max_new_tokens", max_new_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int; got {value!r}")
+    if not greedy:
+        if not temperature > 0:
+            raise ValueError(
+                f"temperature must be > 0 for sampling (use greedy=True instead); got {temperature!r}"
+            )
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1]; got {top_p!r}")
 
 
 def batch_from_responses(

@@ -8,7 +8,7 @@ import time
 import torch
 from torch import Tensor
 
-from tepo.rollout.base import RolloutBatch
+from tepo.rollout.base import RolloutBatch, check_generate_request, eos_token_ids
 
 # Measured on the embedded model (SmolLM2-135M, float32 weights), 32 prompts x 64 new tokens, temperature 1, on the
 # shared 2-core CPU machine (other engineers' jobs running; "slots" = rows x generated steps per second):
@@ -40,7 +40,40 @@ class HFRollout:
     ``autocast_bf16=None`` picks the faster setting measured for the model's device type (CPU: off, CUDA: on);
     see the measurements above ``_BF16_AUTOCAST_DEFAULT``. Under bf16 autocast the sampler's distribution
     differs slightly from the float32 policy that :func:`tepo.logprobs.response_logprobs` scores.
+
+    Behaviour log-probs (``return_logprobs=True``): ``log_softmax`` of the scores ``generate`` sampled from
+    (``output_scores``: the logits after the temperature and top-p processors, the tokens outside the nucleus at
+    ``-inf``), gathered at the sampled tokens; so ``rollout_logp`` is ``log_softmax(logits / temperature)`` at
+    ``top_p == 1`` and the renormalised nucleus log-probability below it, computed from the same (possibly
+    bf16-autocast) logits that were sampled from. See :class:`tepo.rollout.base.RolloutBackend`.
     """
+
+    @classmethod
+    def from_config(
+        cls, rollout_config, model, tokenizer, *, seed: int, run_dir=None, log=print
+    ) -> HFRollout:
+        """The backend for ``rollout.backend=hf`` (``seed``, ``run_dir``, ``log``: nothing to use them for)."""
+        del seed, run_dir, log
+        return cls(
+            model,
+            tokenizer,
+            autocast_bf16=rollout_config.autocast_bf16,
+            max_batch_size=rollout_config.hf_max_batch_size,
+        )
+
+    @classmethod
+    def availability(cls, rollout_config) -> tuple[bool, str]:
+        """Always available: it runs the trainer's own model with transformers."""
+        del rollout_config
+        return True, "transformers generate on the trainer's own model"
+
+    @classmethod
+    def config_errors(cls, rollout_config) -> list[str]:
+        """Problems with this backend's keys of ``rollout`` (one message each)."""
+        rows = rollout_config.hf_max_batch_size
+        if rows is not None and (isinstance(rows, bool) or rows < 1):
+            return [f"rollout.hf_max_batch_size: must be >= 1 (or null for all rows at once), got {rows}"]
+        return []
 
     def __init__(
         self, model, tokenizer, *, autocast_bf16: bool | None = None, max_batch_size: int | None = None
@@ -59,7 +92,8 @@ class HFRollout:
             _BF16_AUTOCAST_DEFAULT.get(device_type, False) if autocast_bf16 is None else bool(autocast_bf16)
         )
         self.pad_token_id = int(tokenizer.pad_token_id)
-        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
+        self.last_sync_seconds = None  # no engine of its own: nothing is ever synced
 
     def weights_updated(self) -> None:
         """Nothing to do: this backend samples from the trainer's own model object."""
@@ -90,10 +124,12 @@ class HFRollout:
         return_logprobs: bool = False,
     ) -> RolloutBatch:
         """``num_samples`` responses per prompt, rows grouped by prompt. ``return_logprobs`` also returns the
-        sampler's own log-probabilities of the chosen tokens (from ``output_scores``: after temperature and
-        top-p, renormalised) as ``RolloutBatch.rollout_logp``."""
+        sampler's own log-probabilities of the chosen tokens as ``RolloutBatch.rollout_logp`` (from
+        ``output_scores``: after temperature and top-p, the nucleus renormalised; see the class docstring)."""
         vocab_size = self.model.get_input_embeddings().weight.shape[0]
-        _check_request(prompt_ids, num_samples, max_new_tokens, temperature, top_p, greedy, vocab_size)
+        check_generate_request(
+            prompt_ids, num_samples, max_new_tokens, temperature, top_p, greedy, vocab_size
+        )
         rows = [list(map(int, p)) for p in prompt_ids for _ in range(num_samples)]
         prompt_width = max(map(len, rows))
         prompts = torch.full((len(rows), prompt_width), self.pad_token_id, dtype=torch.long)
@@ -192,16 +228,6 @@ class HFRollout:
         return responses, mask, logp
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids = model.generation_config.eos_token_id
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    if not ids:
-        raise ValueError("neither the model's generation config nor the tokenizer defines an EOS token")
-    return sorted(set(int(i) for i in ids))
-
-
 def _has_eos(responses: Tensor, mask: Tensor, eos_ids: list[int]) -> Tensor:
     return (torch.isin(responses, torch.tensor(eos_ids)) & mask.bool()).any(1)
 
@@ -222,24 +248,3 @@ def _seeded(seed: int | None, device: torch.device):
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
-
-
-def _check_request(prompt_ids, num_samples, max_new_tokens, temperature, top_p, greedy, vocab_size) -> None:
-    if not isinstance(prompt_ids, list | tuple) or not prompt_ids:
-        raise ValueError("prompt_ids must be a non-empty list of token-id lists")
-    for i, ids in enumerate(prompt_ids):
-        if not isinstance(ids, list | tuple) or not ids:
-            raise ValueError(f"prompt_ids[{i}] must be a non-empty list of token ids; got {ids!r:.80}")
-        bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size]
-        if bad:
-            raise ValueError(f"prompt_ids[{i}] holds {bad[:3]!r}; expected ints in [0, {vocab_size})")
-    for name, value in (("num_samples", num_samples), ("max_new_tokens", max_new_tokens)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int; got {value!r}")
-    if not greedy:
-        if not temperature > 0:
-            raise ValueError(
-                f"temperature must be > 0 for sampling (use greedy=True instead); got {temperature!r}"
-            )
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1]; got {top_p!r}")

@@ -15,6 +15,13 @@ Sampling is the same distribution as the HF backend's: ``softmax(logits / temper
 no top-k, stop at any EOS id. The engine computes it in ``dtype``, so under bf16 it differs slightly from the
 float32 policy the trainer scores (as with ``rollout.autocast_bf16`` in the HF backend). Samples are reproducible
 for a given seed (one seeded generator per prompt) but are not the HF backend's samples.
+
+Behaviour log-probs (``return_logprobs=True``): the engine runs with ``logprobs_mode="processed_logprobs"``, so
+the log-prob vLLM reports for each sampled token is ``log_softmax`` of the logits after temperature and top-p
+(vLLM's default, "raw_logprobs", would be the log-softmax of the untempered, unfiltered logits: not the
+distribution sampled from). Checked in vLLM 0.32's CPU sampler (``TopKTopPSampler.forward_cpu``): the processed
+log-probs are taken after ``apply_top_k_top_p``, whose nucleus rule (drop the least likely tokens while their
+cumulative probability is ``<= 1 - top_p``, keep the most likely) is transformers' too.
 """
 
 from __future__ import annotations
@@ -34,12 +41,12 @@ from pathlib import Path
 
 import torch
 
-from tepo.rollout.base import RolloutBatch, batch_from_responses
-from tepo.rollout.hf import _check_request, _eos_ids
+from tepo.rollout.base import RolloutBatch, batch_from_responses, check_generate_request, eos_token_ids
 
 SERVER_SCRIPT = Path(__file__).with_name("vllm_server.py")
 VENV_NAME = ".venv-vllm"
 READY_MARKER = "tepo-vllm-ready"  # written by scripts/install_vllm_cpu.sh as its last step
+VLLM_DTYPES = ("bfloat16", "float16", "float32")
 
 
 class VLLMServerError(RuntimeError):
@@ -167,12 +174,12 @@ class VLLMRollout:
             raise ValueError(
                 "the tokenizer has no pad token; load it with tepo.models.load_model_and_tokenizer"
             )
-        if dtype not in ("bfloat16", "float32", "float16"):
+        if dtype not in VLLM_DTYPES:
             raise ValueError(f"rollout vllm dtype must be bfloat16, float16 or float32; got {dtype!r}")
         self.model = model
         self.tokenizer = tokenizer
         self.pad_token_id = int(tokenizer.pad_token_id)
-        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.dtype = dtype
         self.request_timeout_s = float(request_timeout_s)
         self.last_sync_seconds = 0.0
@@ -244,6 +251,47 @@ class VLLMRollout:
         self.engine_version = ready.get("vllm")
         self.startup_seconds = float(ready.get("seconds", 0.0))
 
+    # ---- the registry's hooks (tepo.rollout.registry) ---------------------------------------------------------
+
+    @classmethod
+    def from_config(
+        cls, rollout_config, model, tokenizer, *, seed: int, run_dir=None, log=print
+    ) -> VLLMRollout:
+        """The backend for ``rollout.backend=vllm``: the ``rollout.vllm_*`` keys; the server's log goes to
+        ``run_dir/vllm_server.log`` (a temporary file without a run directory)."""
+        log("starting the vLLM rollout server (about 10 s on CPU)")
+        return cls(
+            model,
+            tokenizer,
+            python=rollout_config.vllm_python,
+            dtype=rollout_config.vllm_dtype,
+            kv_cache_gb=rollout_config.vllm_kv_cache_gb,
+            max_model_len=rollout_config.vllm_max_model_len,
+            seed=seed,
+            log_path=None if run_dir is None else Path(run_dir) / "vllm_server.log",
+        )
+
+    @classmethod
+    def availability(cls, rollout_config) -> tuple[bool, str]:
+        """Whether an interpreter with vLLM is found (:func:`find_vllm_python`), and where or why not."""
+        try:
+            python = find_vllm_python(rollout_config.vllm_python)
+        except VLLMServerError as err:
+            return False, str(err)
+        return True, f"vLLM found ({python})"
+
+    @classmethod
+    def config_errors(cls, rollout_config) -> list[str]:
+        """Problems with the ``rollout.vllm_*`` keys (checked whatever the backend, so a typo never waits)."""
+        r, errors = rollout_config, []
+        if r.vllm_dtype not in VLLM_DTYPES:
+            errors.append(f"rollout.vllm_dtype: expected bfloat16, float16 or float32, got {r.vllm_dtype!r}")
+        if r.vllm_kv_cache_gb is not None and not r.vllm_kv_cache_gb > 0:
+            errors.append(f"rollout.vllm_kv_cache_gb: must be > 0, got {r.vllm_kv_cache_gb}")
+        if r.vllm_max_model_len is not None and r.vllm_max_model_len < 1:
+            errors.append(f"rollout.vllm_max_model_len: must be >= 1, got {r.vllm_max_model_len}")
+        return errors
+
     # ---- the interface ----------------------------------------------------------------------------------------
 
     def generate(
@@ -258,9 +306,12 @@ class VLLMRollout:
         greedy: bool = False,
         return_logprobs: bool = False,
     ) -> RolloutBatch:
-        """``num_samples`` responses per prompt, rows grouped by prompt (see :class:`RolloutBatch`)."""
+        """``num_samples`` responses per prompt, rows grouped by prompt (see :class:`RolloutBatch`).
+        ``return_logprobs``: the engine's processed log-probs of the sampled tokens (module docstring)."""
         vocab_size = self.model.get_input_embeddings().weight.shape[0]
-        _check_request(prompt_ids, num_samples, max_new_tokens, temperature, top_p, greedy, vocab_size)
+        check_generate_request(
+            prompt_ids, num_samples, max_new_tokens, temperature, top_p, greedy, vocab_size
+        )
         longest = max(map(len, prompt_ids)) + max_new_tokens
         if longest > self.max_model_len:
             raise ValueError(
