@@ -63,7 +63,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "tepo.integrations.trl needs TRL >= 1.16: install it with `pip install 'tepo[trl]'`"
     ) from exc
 
-from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, filter_groups
+from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, estimator_requires, filter_groups
 from tepo.losses import compute_policy_loss, get_policy_loss, valid_options
 
 logger = logging.getLogger(__name__)
@@ -164,11 +164,13 @@ class TepoGRPOTrainer(GRPOTrainer):
                     f"unknown advantage_estimator {advantage_estimator!r}; registered: "
                     f"{', '.join(ADVANTAGE_ESTIMATORS)}"
                 )
-            if ADVANTAGE_ESTIMATORS[advantage_estimator].token_level:
-                sequence_level = [n for n, e in ADVANTAGE_ESTIMATORS.items() if not e.token_level]
+            needs = estimator_requires(advantage_estimator, advantage_options)
+            if needs:
+                # TRL computes advantages from rewards alone: no log-probs or entropies exist at that point.
+                rewards_only = [n for n in ADVANTAGE_ESTIMATORS if not estimator_requires(n)]
                 raise ValueError(
-                    f"advantage_estimator {advantage_estimator!r} is token-level (it needs per-token entropies "
-                    f"at advantage time, which TRL does not compute); use one of {', '.join(sequence_level)}"
+                    f"advantage_estimator {advantage_estimator!r} needs {', '.join(sorted(needs))} at advantage "
+                    f"time, which TRL does not compute; use one of {', '.join(rewards_only)}"
                 )
         elif advantage_options:
             raise ValueError("advantage_options given without advantage_estimator")
