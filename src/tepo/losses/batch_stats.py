@@ -32,16 +32,19 @@ def mini_batch_stats(
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    num_tokens: Any = None,
     **options: Any,
 ) -> Any:
     """Statistics of the whole mini-batch for loss ``name``, or None when ``spec.needs_batch_stats`` is False.
 
     ``logp`` (current policy, any grad is dropped), ``old_logp``, ``mask``: [N, T] over the mini-batch's rows;
     ``advantages`` [N] or [N, T]. ``options`` are those of `compute_policy_loss` (the same dict the trainer passes
-    there; options that do not shape the statistics are accepted and ignored, unknown ones are rejected). The
+    there, and ``num_tokens``; options that do not shape the statistics are accepted and ignored, unknown ones
+    are rejected). The
     mask given here must be the one the micro-batch calls use (rollout-correction rejections already applied).
     The result's ``rows(index, cols)`` slices it for one micro-batch call.
     """
+    del num_tokens  # a count for aggregation: no statistic depends on it
     spec = get_policy_loss(name)
     if spec.batch_stats_option is not None and spec.batch_stats_option in options:
         raise ValueError(f"mini_batch_stats computes {spec.batch_stats_option}; do not pass it")
