@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+
+# Benchmarks and data sets for tests: the data directory beside the repository (../shared/data), unless the caller
+# set $TEPO_DATA_DIR. The package itself knows only --data-dir, $TEPO_DATA_DIR and the Hugging Face hub.
+_SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+if "TEPO_DATA_DIR" not in os.environ and _SHARED_DATA.is_dir():
+    os.environ["TEPO_DATA_DIR"] = str(_SHARED_DATA)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from tepo.evaluate.settings import (
     protocol_settings,
 )
 
-SHARED = Path("/work/shared/data")
+SHARED = Path(os.environ.get("TEPO_DATA_DIR", "../shared/data"))  # set by conftest.py
 needs_shared = pytest.mark.skipif(
     not (SHARED / "gsm8k" / "test.jsonl").is_file(), reason="shared data not present"
 )
@@ -73,8 +74,8 @@ def test_data_dir_env_and_default(monkeypatch, tmp_path):
     with pytest.raises(DataError, match=DATA_DIR_ENV):
         default_data_dir()
     monkeypatch.delenv(DATA_DIR_ENV)
-    monkeypatch.chdir(tmp_path)  # no ../shared/data from here: falls back to /work/shared/data
-    assert default_data_dir() == SHARED
+    monkeypatch.chdir(tmp_path)  # no directory is guessed from the working directory or the machine
+    assert default_data_dir() is None
 
 
 def test_explicit_data_dir_is_used_and_checked(tmp_path):

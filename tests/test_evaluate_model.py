@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -18,7 +19,7 @@ from tepo.rollout import HFRollout
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SHARED = Path("/work/shared/data")
+SHARED = Path(os.environ.get("TEPO_DATA_DIR", "../shared/data"))  # set by conftest.py
 EMBEDDED_INFO = {"spec": "embedded", "kind": "embedded", "base_model": None, "checkpoint": None}
 EASY = [
     ("What is 2+3?", "5"),

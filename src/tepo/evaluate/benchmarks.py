@@ -1,26 +1,28 @@
 """Math benchmarks by name: a local data directory first, a Hugging Face dataset as the fallback, or any JSONL.
 
-Names and where they come from (``<data-dir>/<dir>/test.jsonl``, rows with ``id``, ``problem``, ``answer``; the
-shared copies are described in ``shared/data/MANIFEST.md``):
+Names and where they come from (``<data-dir>/<dir>/test.jsonl``, rows with ``id``, ``problem``, ``answer``):
 
 =============  ================  =====  ===============================================================
 name           local dir         rows   Hugging Face fallback (dataset, config, split, fields)
 =============  ================  =====  ===============================================================
-math500        math500           500    HuggingFaceH4/MATH-500, test, problem / answer
-aime24         aime24             30    HuggingFaceH4/aime_2024, train, problem / answer
-aime25         aime25             30    math-ai/aime25, test, problem / answer
-amc23          amc23              40    math-ai/amc23, test, question / answer ("27.0" -> "27")
+math500        math500           500    HuggingFaceH4/MATH-500, test, problem / answer (id: unique_id)
+aime24         aime24             30    HuggingFaceH4/aime_2024, train, problem / answer (id: id)
+aime25         aime25             30    math-ai/aime25, test, problem / answer (id: id)
+amc23          amc23              40    math-ai/amc23, test, question / answer (a float: 27.0 -> "27")
 minerva        minerva_math      272    math-ai/minervamath, test, question / answer
 olympiadbench  olympiadbench     675    Hothan/OlympiadBench, OE_TO_maths_en_COMP, train, question /
-                                        final_answer (a list, joined with ", " as the local copy is)
+                                        final_answer (a list, joined with ", " as the local copy is);
+                                        674 rows on the hub
 gsm8k          gsm8k            1319    openai/gsm8k, main, test, question / answer after "####", commas removed
 =============  ================  =====  ===============================================================
 
-The data directory is, in order: the ``data_dir`` argument, ``$TEPO_DATA_DIR``, ``../shared/data`` relative to the
-working directory, ``/work/shared/data``. The hub fallback is used only when the local file is absent and needs
-``pip install 'tepo[hf-datasets]'`` and a reachable hub (or a warm cache); its dataset names and fields were taken
-from the dataset cards and have not been exercised offline here. Anything that is not a benchmark name is read as a
-JSONL/Parquet path with ``problem`` and ``answer`` fields (``tepo.data.load_problems``).
+The data directory is the ``data_dir`` argument (``tepo eval --data-dir``), else ``$TEPO_DATA_DIR``; nothing else is
+searched. A benchmark whose local file is absent (or with no data directory at all) is loaded from the Hugging Face
+hub, which needs ``pip install 'tepo[hf-datasets]'`` and a reachable hub (or a warm cache); an unreachable hub is one
+``DataError`` saying so and naming ``--data-dir`` / ``$TEPO_DATA_DIR``. Each hub row becomes a ``Problem`` through
+:func:`problem_from_hub_row`, which the tests run on hand-made rows shaped like each dataset card's (no hub access
+here). Anything that is not a benchmark name is read as a JSONL/Parquet path with ``problem`` and ``answer`` fields
+(``tepo.data.load_problems``).
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ from pathlib import Path
 from tepo.data import DataError, Problem, load_problems
 
 DATA_DIR_ENV = "TEPO_DATA_DIR"
-_DEFAULT_DATA_DIRS = (Path("..") / "shared" / "data", Path("/work/shared/data"))
 
 
 @dataclass(frozen=True)
 class HubSource:
-    """Where a benchmark lives on the Hugging Face hub and how a row becomes a ``Problem``."""
+    """Where a benchmark lives on the Hugging Face hub and how a row becomes a ``Problem``.
+
+    ``context_field``: a field whose text, when present and non-empty, precedes the problem (OlympiadBench keeps
+    shared premises there).
+    """
 
     dataset: str
     split: str
@@ -47,6 +52,10 @@ class HubSource:
     config: str | None = None
     id_field: str | None = None
     answer_transform: Callable[[object], str] | None = None
+    context_field: str | None = None
+
+    def label(self) -> str:
+        return f"{self.dataset}" + (f"[{self.config}]" if self.config else "") + f"/{self.split}"
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,9 @@ def _join_answers(value: object) -> str:
     return str(value)
 
 
+# Each hub source below was checked against public evidence of the dataset's card and files (no hub access from
+# here, so no row was downloaded); the comment beside each records what was checked. Row counts of the hub copies
+# can differ from the local files (OlympiadBench: 674 on the hub, 675 in the local copy).
 BENCHMARKS: dict[str, Benchmark] = {
     b.name: b
     for b in (
@@ -88,6 +100,8 @@ BENCHMARKS: dict[str, Benchmark] = {
             "math500",
             "math500",
             "MATH-500",
+            # HuggingFaceH4/MATH-500: no config (default), one split "test" (file test.jsonl, 500 rows); fields
+            # problem, solution, answer, subject (str), level (int), unique_id (str, "test/precalculus/807.json").
             HubSource("HuggingFaceH4/MATH-500", "test", "problem", "answer", id_field="unique_id"),
             False,
         ),
@@ -95,6 +109,8 @@ BENCHMARKS: dict[str, Benchmark] = {
             "aime24",
             "aime24",
             "AIME 2024",
+            # HuggingFaceH4/aime_2024: default config, one split "train" (data/train-00000-of-00001.parquet, 30
+            # rows); fields id (int), problem, solution, answer (str), url, year.
             HubSource("HuggingFaceH4/aime_2024", "train", "problem", "answer", id_field="id"),
             True,
         ),
@@ -102,6 +118,8 @@ BENCHMARKS: dict[str, Benchmark] = {
             "aime25",
             "aime25",
             "AIME 2025",
+            # math-ai/aime25: default config, one split "test" (file test.jsonl, 30 rows); fields id, problem, answer
+            # (the answer's type is not pinned down by the evidence: str() handles a string or an int).
             HubSource("math-ai/aime25", "test", "problem", "answer", id_field="id"),
             True,
         ),
@@ -109,13 +127,19 @@ BENCHMARKS: dict[str, Benchmark] = {
             "amc23",
             "amc23",
             "AMC 2023",
-            HubSource("math-ai/amc23", "test", "question", "answer", answer_transform=_float_integer),
+            # math-ai/amc23: default config, one split "test" (test-00000-of-00001.parquet, 40 rows); fields id (int),
+            # question (str), answer (float64: 27.0), url (str). The problem is in "question", not "problem".
+            HubSource(
+                "math-ai/amc23", "test", "question", "answer", id_field="id", answer_transform=_float_integer
+            ),
             True,
         ),
         Benchmark(
             "minerva",
             "minerva_math",
             "Minerva Math",
+            # math-ai/minervamath: default config, one split "test" (272 rows); fields question (str), answer (str,
+            # the final answer, not a worked solution). No id field: the row index is the id.
             HubSource("math-ai/minervamath", "test", "question", "answer"),
             False,
         ),
@@ -123,6 +147,9 @@ BENCHMARKS: dict[str, Benchmark] = {
             "olympiadbench",
             "olympiadbench",
             "OlympiadBench (OE_TO_maths_en_COMP)",
+            # Hothan/OlympiadBench: config "OE_TO_maths_en_COMP" (text-only, open-ended, English competition math;
+            # 674 rows), one split "train"; fields id (int), question (str), final_answer (list of str), context
+            # (str or null), solution (list of str), is_multiple_answer (bool), unit, answer_type, subfield, ...
             HubSource(
                 "Hothan/OlympiadBench",
                 "train",
@@ -131,6 +158,7 @@ BENCHMARKS: dict[str, Benchmark] = {
                 config="OE_TO_maths_en_COMP",
                 id_field="id",
                 answer_transform=_join_answers,
+                context_field="context",
             ),
             False,
         ),
@@ -138,6 +166,8 @@ BENCHMARKS: dict[str, Benchmark] = {
             "gsm8k",
             "gsm8k",
             "GSM8K",
+            # openai/gsm8k: configs "main" and "socratic" (a config is required), splits train/test (test: 1319
+            # rows); fields question (str), answer (str, a worked solution ending in "#### <number>"). No id field.
             HubSource(
                 "openai/gsm8k",
                 "test",
@@ -157,30 +187,30 @@ def benchmark_names() -> list[str]:
 
 
 def default_data_dir() -> Path | None:
-    """``$TEPO_DATA_DIR`` if set, else the first of ``../shared/data`` (from the CWD), ``/work/shared/data`` that
-    exists, else None (benchmarks then come from the hub)."""
+    """``$TEPO_DATA_DIR`` if set (it must be a directory), else None: benchmarks then come from the hub."""
     env = os.environ.get(DATA_DIR_ENV)
     if env:
         path = Path(env).expanduser()
         if not path.is_dir():
             raise DataError(
-                f"${DATA_DIR_ENV}={env!r} is not a directory; expected a directory like shared/data"
+                f"${DATA_DIR_ENV}={env!r} is not a directory; expected a directory holding <benchmark>/test.jsonl"
             )
         return path
-    for candidate in _DEFAULT_DATA_DIRS:
-        if candidate.is_dir():
-            return candidate.resolve()
     return None
 
 
 def benchmark_path(name: str, data_dir: str | os.PathLike | None = None) -> Path | None:
     """The local file of benchmark ``name`` (``<data_dir>/<dir>/test.jsonl``), or None if there is none."""
     bench = BENCHMARKS[name]
-    root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
-    if data_dir is not None and not root.is_dir():
-        raise DataError(
-            f"data directory {str(data_dir)!r} does not exist; expected a directory like shared/data"
-        )
+    if data_dir is not None:
+        root = Path(data_dir).expanduser()
+        if not root.is_dir():
+            raise DataError(
+                f"data directory {str(data_dir)!r} does not exist; expected a directory holding "
+                "<benchmark>/test.jsonl"
+            )
+    else:
+        root = default_data_dir()
     if root is None:
         return None
     path = root / bench.local_dir / "test.jsonl"
@@ -193,8 +223,7 @@ def describe_source(name_or_path: str, data_dir: str | os.PathLike | None = None
         path = benchmark_path(name_or_path, data_dir)
         if path is not None:
             return str(path.resolve())
-        hub = BENCHMARKS[name_or_path].hub
-        return f"hf:{hub.dataset}" + (f"[{hub.config}]" if hub.config else "") + f"/{hub.split}"
+        return f"hf:{BENCHMARKS[name_or_path].hub.label()}"
     return str(Path(name_or_path).expanduser().resolve())
 
 
@@ -226,37 +255,68 @@ def resolve_benchmark(name_or_path: str, data_dir: str | os.PathLike | None = No
     )
 
 
+def problem_from_hub_row(hub: HubSource, row: dict, index: int) -> Problem:
+    """One hub row as a ``Problem``: the problem field (after the context field, when that is non-empty), the
+    answer field through the source's transform, the id field or else the row index. ``DataError`` names the
+    dataset, row and field when a field is missing or empty."""
+    label = f"{hub.label()} row {index}"
+    if not isinstance(row, dict):
+        raise DataError(f"{label}: expected a row with fields {hub.problem_field!r} and {hub.answer_field!r}")
+    for field in (hub.problem_field, hub.answer_field):
+        value = row.get(field)
+        if value is None or (isinstance(value, str | list | tuple) and len(value) == 0):
+            present = ", ".join(sorted(map(str, row))) or "none"
+            raise DataError(f"{label}: missing or empty field {field!r} (fields present: {present})")
+    raw_answer = row[hub.answer_field]
+    answer = (hub.answer_transform(raw_answer) if hub.answer_transform else str(raw_answer)).strip()
+    if not answer:
+        raise DataError(f"{label}: field {hub.answer_field!r} gives an empty answer ({raw_answer!r})")
+    problem = str(row[hub.problem_field]).strip()
+    context = row.get(hub.context_field) if hub.context_field else None
+    if isinstance(context, str) and context.strip():
+        problem = f"{context.strip()}\n\n{problem}"
+    problem_id = row.get(hub.id_field) if hub.id_field else None
+    return Problem(
+        id=str(problem_id) if problem_id is not None else str(index), problem=problem, answer=answer
+    )
+
+
+def problems_from_hub_rows(bench: Benchmark, rows) -> list[Problem]:
+    """Every row of a loaded hub split (any iterable of dicts, e.g. a ``datasets.Dataset``) as ``Problem``s."""
+    problems = [problem_from_hub_row(bench.hub, row, i) for i, row in enumerate(rows)]
+    if not problems:
+        raise DataError(f"{bench.hub.label()} is empty")
+    return problems
+
+
 def _load_from_hub(bench: Benchmark, data_dir) -> list[Problem]:
     hub = bench.hub
-    where = (
-        f"no local file for benchmark {bench.name!r} "
-        f"(looked for <data-dir>/{bench.local_dir}/test.jsonl with data dir "
-        f"{str(data_dir) if data_dir is not None else default_data_dir()}; set --data-dir or ${DATA_DIR_ENV})"
+    if data_dir is None and default_data_dir() is None:
+        where = f"no data directory given for benchmark {bench.name!r} (--data-dir or ${DATA_DIR_ENV})"
+    else:
+        root = data_dir if data_dir is not None else default_data_dir()
+        where = f"no local file for benchmark {bench.name!r} ({Path(root) / bench.local_dir / 'test.jsonl'})"
+    local_hint = (
+        f"pass --data-dir DIR (or set ${DATA_DIR_ENV}=DIR) with DIR/{bench.local_dir}/test.jsonl holding rows "
+        "with 'problem' and 'answer'"
     )
     try:
         import datasets
     except ImportError as err:
         raise DataError(
-            f"{where}, and loading {hub.dataset} from the Hugging Face hub needs `pip install 'tepo[hf-datasets]'`"
+            f"{where}, and loading {hub.dataset} from the Hugging Face hub needs "
+            f"`pip install 'tepo[hf-datasets]'`; or {local_hint}"
         ) from err
     try:
         rows = datasets.load_dataset(hub.dataset, hub.config, split=hub.split)
+    except ConnectionError as err:  # datasets raises it when the hub cannot be reached and nothing is cached
+        raise DataError(
+            f"{where}, and the Hugging Face hub could not be reached to load {hub.label()} ({err}); "
+            f"{local_hint}, or retry with network access (a loaded dataset is cached for offline use)"
+        ) from None
     except Exception as err:
         raise DataError(
-            f"{where}, and the Hugging Face dataset {hub.dataset} could not be loaded: {err}"
+            f"{where}, and the Hugging Face dataset {hub.label()} could not be loaded "
+            f"({type(err).__name__}: {err}); {local_hint}"
         ) from None
-    problems = []
-    for i, row in enumerate(rows):
-        label = f"{hub.dataset}[{hub.split}] row {i}"
-        for field in (hub.problem_field, hub.answer_field):
-            if row.get(field) in (None, ""):
-                raise DataError(f"{label}: missing or empty field {field!r}")
-        raw_answer = row[hub.answer_field]
-        answer = hub.answer_transform(raw_answer) if hub.answer_transform else str(raw_answer)
-        problem_id = str(row[hub.id_field]) if hub.id_field and row.get(hub.id_field) is not None else str(i)
-        problems.append(
-            Problem(id=problem_id, problem=str(row[hub.problem_field]).strip(), answer=answer.strip())
-        )
-    if not problems:
-        raise DataError(f"{hub.dataset}[{hub.split}] is empty")
-    return problems
+    return problems_from_hub_rows(bench, rows)

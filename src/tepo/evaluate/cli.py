@@ -83,8 +83,8 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--data-dir",
-        help="directory with <benchmark>/test.jsonl (default: $TEPO_DATA_DIR, else "
-        "../shared/data or /work/shared/data if present, else the Hugging Face hub)",
+        help="directory with <benchmark>/test.jsonl (default: $TEPO_DATA_DIR; without either, each benchmark "
+        "is loaded from the Hugging Face hub)",
     )
     p.add_argument("--limit", type=_positive_int, help="evaluate only the first N problems of each benchmark")
     p.add_argument(
