@@ -3,7 +3,7 @@
 A `Problem` is the only thing the rest of the pipeline sees: an id, the problem text and the gold answer as a
 string (math-verify parses it later). Sources:
 
-- a JSONL or Parquet path (``../shared/data/gsm8k/train.jsonl`` works as it is),
+- a JSONL or Parquet path (a data directory's ``gsm8k/train.jsonl`` works as it is),
 - a Hugging Face dataset name (``openai/gsm8k``; needs the ``hf-datasets`` extra and a reachable hub or cache),
 - a procedural task name: ``arithmetic`` (the embedded default: single-digit addition and multiplication as short
   word problems), ``arithmetic-multistep`` (two-digit, two-step problems, where the embedded model starts near 0)
