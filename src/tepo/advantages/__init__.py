@@ -13,11 +13,11 @@ exact zeros at masked positions::
 Advantages are targets, not functions of the parameters: every input is detached and no output carries a
 gradient. Extend the registry with ``@register_advantage_estimator("name", requires=..., group_relative=...)``.
 
-Reference: ALGORITHMS.md, sections "Advantage estimators" and "Pipeline rules".
+Reference: docs/algorithms.md, sections "Advantage estimators" and "Group filtering".
 """
 
 # isort: off
-# Importing these modules registers the built-in estimators, in the order of ALGORITHMS.md.
+# Importing these modules registers the built-in estimators, in the order of docs/algorithms.md.
 from tepo.advantages import group, token_level  # noqa: F401
 
 # isort: on

@@ -167,7 +167,7 @@ def erpo_advantages(
     r"""Entropy-Regulated Policy Optimization token advantage (ERPO, 2603.28204). OUR READING.
 
     Only the abstract and figure captions of ERPO are public (Fig. 2: ``Â = H ⊙ S ⊙ sgn(A)`` merged with the
-    sequence-level baseline). This implements the reading written down in ALGORITHMS.md:
+    sequence-level baseline). This implements the reading written down in docs/algorithms.md#erpo:
 
     .. math:: A_{i,t} = A_i + \lambda \, H^n_{i,t} \, S^n_{i,t} \, \operatorname{sgn}(A_i)
 
@@ -195,7 +195,7 @@ def erpo_advantages(
     (unbiased, to match TRL and verl): the pools here vary in size (a group's valid tokens; the responses that
     reach a bucket, often just 2) and the z-score is a weight, not a reward scale, so it should have unit mean
     square over its pool whatever the pool's size (``sum z^2 = n``); with Bessel's correction a pair of
-    responses would get ``±1/sqrt(2)`` instead of ``±1``. ALGORITHMS.md fixes this reading. ``A_i`` keeps the
+    responses would get ``±1/sqrt(2)`` instead of ``±1``. docs/algorithms.md fixes this reading. ``A_i`` keeps the
     base's convention (set ``base_options={"std": "population"}`` for population throughout).
 
     Defaults lam = 0.1, K = 4, gate relu at 0 are ours (the paper's values are not public).

@@ -1,6 +1,6 @@
 """Policy losses and regularizers as pure tensor functions, a registry by name, and aggregation modes.
 
-What each name computes is specified in ALGORITHMS.md (shared) and in each loss's docstring::
+What each name computes is specified in docs/algorithms.md and in each loss's docstring::
 
     loss, metrics = compute_policy_loss("tepo", logp=logp, old_logp=old, advantages=adv, mask=mask,
                                         num_tokens=global_token_count)
@@ -14,7 +14,7 @@ returning ``(per-token loss [N, T], metrics)``.
 """
 
 # isort: off
-# Importing these modules registers the built-in losses, in the order of ALGORITHMS.md's families.
+# Importing these modules registers the built-in losses, in the order of docs/algorithms.md.
 from tepo.losses import token_ratio, sequence_ratio, covariance  # noqa: F401
 
 # isort: on

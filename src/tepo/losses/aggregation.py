@@ -1,4 +1,4 @@
-"""Aggregation of a per-token loss matrix into one scalar (ALGORITHMS.md, "Aggregation").
+"""Aggregation of a per-token loss matrix into one scalar (docs/algorithms.md#aggregation).
 
 Every mode divides by *global* counts when they are passed in (`num_tokens`, `num_seqs`, `max_len`), so that
 summing the losses of micro-batches gives exactly the loss (and gradient) of the whole mini-batch.

@@ -5,7 +5,7 @@ the valid tokens, detached, and use batch statistics: the means, the population 
 a share of tokens chosen among all valid ones (``max(1, int(ratio * n_valid))`` tokens: a random pick for
 clip_cov, the top-k by cov for kl_cov).
 
-**Over which tokens.** ALGORITHMS.md specifies the optimizer mini-batch. Called alone, a loss computes every
+**Over which tokens.** docs/algorithms.md specifies the optimizer mini-batch. Called alone, a loss computes every
 statistic over the tokens of *that call*, which is what verl does (its ``compute_policy_loss_clip_cov`` /
 ``_kl_cov`` run once per micro-batch, so the share, the means and the pick all depend on the micro-batch size).
 To get the mini-batch reading, compute the statistics once per optimizer mini-batch with
@@ -300,7 +300,7 @@ def cov_gauss(
 ):
     """Gaussian covariance weighting: l = w * (-min(r*A, clip(r)*A)), w = sg[exp(-cov^2 / (2*sigma^2))].
 
-    "Taming Extreme Tokens" (2026), as specified in ALGORITHMS.md (the paper is not in shared/papers): sigma is
+    "Taming Extreme Tokens" (2026), as read in docs/algorithms.md#cov_gauss (the paper was not available): sigma is
     the population std (ddof 0) of cov over the valid tokens, no hyperparameter; tokens with extreme
     covariance are smoothly down-weighted. Our readings: w is a detached weight; when sigma = 0 (all cov
     equal, e.g. one token) w = 1; the clip range defaults to grpo's 0.2 / 0.2. The means and sigma are this

@@ -1,7 +1,7 @@
 """The policy-loss registry: name -> function, its default aggregation and its default options.
 
 A registered loss is a pure function ``fn(inputs: LossInputs, *, opt1=default1, ...) -> (loss_mat, metrics)``:
-``loss_mat`` is the per-token loss ``l[i,t]`` of ALGORITHMS.md ([N, T]; masked entries are ignored) and
+``loss_mat`` is the per-token loss ``l[i,t]`` of docs/algorithms.md ([N, T]; masked entries are ignored) and
 ``metrics`` a dict of python floats. Its keyword-only parameters *are* its options: their defaults are the
 documented defaults and any other name is rejected. `tepo.losses.compute_policy_loss` aggregates ``loss_mat``
 and adds the regularizers, so a loss never deals with either.

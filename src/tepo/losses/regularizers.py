@@ -1,4 +1,4 @@
-"""Regularizers composable with any policy loss (ALGORITHMS.md, "Regularizers"); each is off by default."""
+"""Regularizers composable with any policy loss (docs/algorithms.md#regularizers); each is off by default."""
 
 from __future__ import annotations
 
