@@ -93,6 +93,13 @@ def test_resolve_with_the_trainers_backend(setting, backend, expected):
     assert resolve_rollout_correction(config, backend=backend) == expected
 
 
+def test_auto_stays_off_under_top_p_but_an_explicit_mode_does_not():
+    config = load_config(None, ["rollout.top_p=0.9"])
+    assert resolve_rollout_correction(config, backend="vllm") == "none"
+    config = load_config(None, ["rollout.top_p=0.9", "algorithm.rollout_correction=tis"])
+    assert resolve_rollout_correction(config, backend="vllm") == "tis"
+
+
 def test_resolve_reads_an_explicit_backend_from_the_config():
     config = load_config(None, ["rollout.backend=hf"])
     assert resolve_rollout_correction(config) == "none"
