@@ -4,7 +4,18 @@ A checkpoint is a directory ``checkpoints/step_000012/`` holding:
 - ``model.safetensors``: the policy's weights (safetensors only: loading it runs no code),
 - ``state.pt``: optimizer, scheduler, RNG states, data position, step and counters (loaded with
   ``torch.load(weights_only=True)``),
-- ``manifest.json``: written last, with the SHA-256 of every other file.
+- ``manifest.json``: written last, with the SHA-256 of every other file and whether the optimizer's moments are in
+  ``state.pt`` (``"optimizer_state"``).
+
+With ``save_optimizer=False`` (``train.save_optimizer: false``) the optimizer's per-parameter state (AdamW's two
+moments and step counts: two thirds of a checkpoint of an fp32 model) is left out and only its hyper-parameters
+(``param_groups``) are kept. Such a checkpoint is a complete record of the weights, but a resume from it is not an
+exact continuation: the moments restart from zero. ``load_checkpoint`` reports it (``.optimizer_state``) and
+:func:`resume_without_optimizer_note` refuses such a resume unless the user acknowledged it
+(``train.resume_without_optimizer: true``).
+
+Retention: after each save the newest ``keep`` intact checkpoints stay (the one just written always among them)
+and the rest is deleted, broken ones included: a corrupt copy is never counted as one of the ``keep``.
 
 It is written into ``step_000012.tmp-<pid>`` and renamed into place, so a kill during the write leaves either no
 checkpoint or a complete one. On resume, checkpoints are tried newest first; one with a missing or mismatching
@@ -30,14 +41,40 @@ MANIFEST = "manifest.json"
 CHECKPOINT_FILES = ("model.safetensors", "state.pt")
 
 
+OPTIMIZER_KEY = "optimizer"  # where the trainer's state dict holds ``optimizer.state_dict()``
+
+
 class CheckpointError(RuntimeError):
     pass
+
+
+class OptimizerStateMissing(CheckpointError):
+    """A resume from a checkpoint saved without the optimizer's moments, not acknowledged by the user."""
 
 
 @dataclass
 class Checkpoint:
     path: Path
     step: int
+    # False: saved with save_optimizer=False (from the manifest; checkpoints from before that field hold it)
+    optimizer_state: bool = True
+
+
+class CheckpointState(dict):
+    """What ``load_checkpoint`` returns: the state dict that was saved (plus ``"step"``), a plain ``dict`` to
+    index, with where it came from and whether the optimizer's moments are in it."""
+
+    def __init__(self, state: dict, *, path: Path, step: int, optimizer_state: bool):
+        super().__init__(state)
+        self.path = path
+        self.step = step
+        self.optimizer_state = optimizer_state
+
+
+def should_save(step: int, total_steps: int, save_every: int, save_final: bool) -> bool:
+    """Whether the trainer writes a checkpoint after ``step`` (1-based, just finished): every ``save_every`` steps
+    (0: never periodically) and, with ``save_final``, after the last step of the run."""
+    return (save_every > 0 and step % save_every == 0) or (save_final and step == total_steps)
 
 
 def _sha256(path: Path) -> str:
@@ -98,14 +135,32 @@ def model_state_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dict, keep: int = 2) -> Path:
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    state: dict,
+    keep: int = 2,
+    *,
+    save_optimizer: bool = True,
+) -> Path:
+    """Write ``run_dir/checkpoints/step_{step:06d}/`` atomically, then keep the newest ``keep`` intact checkpoints
+    (0: all; ``train.keep_last``). ``state`` holds ``optimizer.state_dict()`` under ``"optimizer"``; with
+    ``save_optimizer=False`` its per-parameter ``"state"`` (the moments) is left out and its ``param_groups``
+    kept, and the manifest records ``"optimizer_state": false``."""
+    if keep < 0:
+        raise ValueError(f"keep must be >= 0 (0 keeps all), got {keep}")
+    optimizer_state = OPTIMIZER_KEY in state
+    if not save_optimizer and optimizer_state:
+        state = {**state, OPTIMIZER_KEY: _without_moments(state[OPTIMIZER_KEY])}
+        optimizer_state = False
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _write_into(tmp, step, model, state)
+        _write_into(tmp, step, model, state, optimizer_state)
     except (OSError, SafetensorError) as err:
         # A full disk (or a file-size limit) mid-write: remove the half-written copy so it does not hold the space
         # a retry needs, and say what is intact. safetensors reports I/O errors as SafetensorError, not OSError.
@@ -115,11 +170,21 @@ def save_checkpoint(run_dir: Path, step: int, model: torch.nn.Module, state: dic
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync_dir(root)
-    _prune(root, keep)
+    _remember_intact(final)  # its files were hashed just now: pruning need not read 1.6 GB again
+    prune_checkpoints(run_dir, keep, newest=final)
     return final
 
 
-def _write_into(tmp: Path, step: int, model: torch.nn.Module, state: dict) -> None:
+def _without_moments(optimizer_state: dict) -> dict:
+    if not isinstance(optimizer_state, dict) or "param_groups" not in optimizer_state:
+        raise ValueError(
+            f'state["{OPTIMIZER_KEY}"] must be an optimizer.state_dict() (with "state" and "param_groups") '
+            "to be saved without its moments"
+        )
+    return {**optimizer_state, "state": {}}
+
+
+def _write_into(tmp: Path, step: int, model: torch.nn.Module, state: dict, optimizer_state: bool) -> None:
     tmp.mkdir()
     save_file(model_state_for_saving(model), str(tmp / "model.safetensors"))
     torch.save({**state, "step": step}, tmp / "state.pt")
@@ -128,7 +193,7 @@ def _write_into(tmp: Path, step: int, model: torch.nn.Module, state: dict) -> No
         with open(tmp / name, "rb") as handle:
             os.fsync(handle.fileno())
     manifest = tmp / MANIFEST
-    manifest.write_text(json.dumps({"step": step, "files": files}))
+    manifest.write_text(json.dumps({"step": step, "files": files, "optimizer_state": optimizer_state}))
     with open(manifest, "rb") as handle:
         os.fsync(handle.fileno())
     _fsync_dir(tmp)
@@ -149,17 +214,78 @@ def _save_failure_message(root: Path, final: Path, err: BaseException) -> str:
     )
     return (
         f"could not write checkpoint {final.name} under {root}: {err} ({sizes}). The half-written copy was removed "
-        f"and {intact}. Free disk space (or lower train.keep_checkpoints) and resume with "
+        f"and {intact}. Free disk space (or lower train.keep_last, or set train.save_optimizer=false) and resume with "
         f"`tepo train --resume {root.parent}`."
     )
 
 
-def _prune(root: Path, keep: int) -> None:
-    complete = sorted(p for p in root.glob("step_*") if p.is_dir() and ".tmp" not in p.name)
-    for old in complete[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+# Checkpoints known intact in this process, by path, with the (inode, size, mtime) of their files when they were
+# checked: pruning after every save would otherwise hash every kept checkpoint (1.6 GB each) again. A file
+# rewritten since is checked again.
+_KNOWN_INTACT: dict[Path, tuple] = {}
+
+
+def _files_signature(path: Path) -> tuple | None:
+    try:
+        stats = [(path / name).stat() for name in (MANIFEST, *CHECKPOINT_FILES)]
+    except OSError:
+        return None
+    return tuple((st.st_ino, st.st_size, st.st_mtime_ns) for st in stats)
+
+
+def _remember_intact(path: Path) -> None:
+    signature = _files_signature(path)
+    if signature is not None:
+        _KNOWN_INTACT[path.resolve()] = signature
+
+
+def _is_intact(path: Path) -> bool:
+    signature = _files_signature(path)
+    if signature is not None and _KNOWN_INTACT.get(path.resolve()) == signature:
+        return True
+    if verify_checkpoint(path) is not None:
+        return False
+    _remember_intact(path)
+    return True
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """Checkpoint directories by step, oldest first (temporaries of interrupted writes excluded)."""
+    found = []
+    for path in root.glob("step_*"):
+        if not path.is_dir() or ".tmp" in path.name:
+            continue
+        try:
+            found.append((int(path.name.split("_", 1)[1]), path))
+        except ValueError:
+            continue  # not one of ours (step_backup, ...): never touched
+    return [path for _, path in sorted(found)]
+
+
+def prune_checkpoints(run_dir: Path, keep: int, newest: Path | None = None) -> list[str]:
+    """Keep the ``keep`` newest intact checkpoints of ``run_dir`` (0: keep all) and delete the rest, broken ones
+    included, and the temporaries of interrupted writes. ``newest`` (the checkpoint just written) is always kept,
+    whatever its step. Returns the names deleted."""
+    root = Path(run_dir) / "checkpoints"
+    removed = []
+    if keep > 0:
+        kept = 0
+        if newest is not None:
+            newest = Path(newest).resolve()
+            kept = 1
+        for path in reversed(_step_dirs(root)):
+            if newest is not None and path.resolve() == newest:
+                continue
+            if kept < keep and _is_intact(path):
+                kept += 1
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            _KNOWN_INTACT.pop(path.resolve(), None)
+            removed.append(path.name)
     for torn in root.glob("step_*.tmp-*"):
         shutil.rmtree(torn, ignore_errors=True)  # left by a kill mid-write
+        removed.append(torn.name)
+    return removed
 
 
 def verify_checkpoint(path: Path) -> str | None:
@@ -198,11 +324,24 @@ def find_latest_checkpoint(run_dir: Path, warn=print) -> Checkpoint | None:
         if problem:
             warn(f"skipping checkpoint {path.name}: {problem}; trying the previous one")
             continue
-        return Checkpoint(path=path, step=int(path.name.split("_")[1]))
+        return Checkpoint(
+            path=path, step=int(path.name.split("_")[1]), optimizer_state=_manifest_says(path) is not False
+        )
     return None
 
 
-def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module) -> dict:
+def _manifest_says(path: Path) -> bool | None:
+    """The manifest's ``optimizer_state`` (None: a manifest from before the field, or unreadable)."""
+    try:
+        value = json.loads((path / MANIFEST).read_bytes()).get("optimizer_state")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, bool) else None
+
+
+def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module) -> CheckpointState:
+    """Load the weights into ``model`` and return the saved state (``torch.load(weights_only=True)``) as a
+    :class:`CheckpointState`, whose ``optimizer_state`` says whether the optimizer's moments are in it."""
     weights = load_file(str(checkpoint.path / "model.safetensors"))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     tied = {name for name in missing if "lm_head" in name}
@@ -213,4 +352,36 @@ def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module) -> dict:
         )
     if tied:
         model.tie_weights()
-    return torch.load(checkpoint.path / "state.pt", weights_only=True)
+    state = torch.load(checkpoint.path / "state.pt", weights_only=True)
+    recorded = _manifest_says(checkpoint.path)
+    # Checkpoints from before the manifest field always held the whole optimizer state dict when they held one.
+    optimizer_state = recorded if recorded is not None else OPTIMIZER_KEY in state
+    return CheckpointState(
+        state,
+        path=checkpoint.path,
+        step=int(state.get("step", checkpoint.step)),
+        optimizer_state=optimizer_state,
+    )
+
+
+def resume_without_optimizer_note(checkpoint: Checkpoint | CheckpointState, allowed: bool) -> str | None:
+    """Check a resume from ``checkpoint`` (found or loaded) against ``train.resume_without_optimizer``.
+
+    None when the checkpoint holds the optimizer's moments (an exact resume). Without them: raises
+    :class:`OptimizerStateMissing` unless ``allowed``, and otherwise returns the one-line note the trainer must
+    log (and record) saying that this resume is not exact."""
+    if checkpoint.optimizer_state:
+        return None
+    where = f"{checkpoint.path} (step {checkpoint.step})"
+    if not allowed:
+        raise OptimizerStateMissing(
+            f"checkpoint {where} was saved with train.save_optimizer=false: it holds the weights, scheduler, RNG "
+            "and data position but not the optimizer's moments, so resuming from it cannot continue the run "
+            "exactly. To resume anyway (the moments restart from zero), add train.resume_without_optimizer=true, "
+            f"e.g. `tepo train --resume {Path(checkpoint.path).parent.parent} train.resume_without_optimizer=true`."
+        )
+    return (
+        f"resuming from {where} WITHOUT optimizer state (train.resume_without_optimizer=true): the optimizer's "
+        "moments restart from zero and its bias correction from step 1, so this run is not an exact continuation "
+        "of the one that wrote the checkpoint"
+    )
