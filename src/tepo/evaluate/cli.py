@@ -24,6 +24,7 @@ from tepo.evaluate.settings import (
     TEPO_BENCHMARKS,
     EvalError,
 )
+from tepo.rewards import ANSWER_FORMAT_DESCRIPTIONS, COMPLETION_ANSWER_FORMATS
 from tepo.rollout.registry import rollout_backend_choices
 
 
@@ -128,8 +129,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "--answer-format",
         default=DEFAULT_ANSWER_FORMAT,
-        choices=("boxed", "boxed_or_last"),
-        help="boxed (default): only a final \\boxed{} answer counts; boxed_or_last: else the last number",
+        choices=COMPLETION_ANSWER_FORMATS,
+        help="; ".join(f"{name}: {ANSWER_FORMAT_DESCRIPTIONS[name]}" for name in COMPLETION_ANSWER_FORMATS)
+        + f" (default: {DEFAULT_ANSWER_FORMAT})",
     )
     p.add_argument("--output-dir", help="where results.json and samples.jsonl go (default: evals/<model>)")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --output-dir")

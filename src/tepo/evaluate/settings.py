@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from tepo.rewards import ANSWER_FORMATS
+from tepo.rewards import COMPLETION_ANSWER_FORMATS
 
 BENCHMARK_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 DEFAULT_ANSWER_FORMAT = "boxed"
@@ -58,8 +58,10 @@ class EvalSetting:
             raise EvalError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise EvalError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if self.answer_format not in ANSWER_FORMATS:
-            raise EvalError(f"answer format {self.answer_format!r} is not one of {list(ANSWER_FORMATS)}")
+        if self.answer_format not in COMPLETION_ANSWER_FORMATS:
+            raise EvalError(
+                f"answer format {self.answer_format!r} is not one of {list(COMPLETION_ANSWER_FORMATS)}"
+            )
 
     @property
     def label(self) -> str:

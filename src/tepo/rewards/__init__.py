@@ -1,15 +1,27 @@
 """Verifiable rewards: math answers checked by math-verify in a pool of sandboxed worker processes.
 
-See ``pool.py`` for the safety design and ``answers.py`` for how the final answer is taken from a completion.
+See ``pool.py`` for the safety design, ``answers.py`` for how the final answer is taken from a completion (and
+the one list of answer-format names, ``ANSWER_FORMATS``), and ``shaping.py`` for DAPO's overlong reward shaping.
 """
 
-from .answers import ANSWER_FORMATS, DEFAULT_MAX_CHARS, extract_final_answer
+from .answers import (
+    ANSWER_FORMAT_DESCRIPTIONS,
+    ANSWER_FORMATS,
+    COMPLETION_ANSWER_FORMATS,
+    DEFAULT_MAX_CHARS,
+    END_OF_TEXT_MARKERS,
+    extract_final_answer,
+    strip_trailer,
+)
 from .pool import STATUSES, MathRewardPool, RewardFuture, RewardResult, RewardStats
 from .single import math_equal
 
 __all__ = [
     "ANSWER_FORMATS",
+    "ANSWER_FORMAT_DESCRIPTIONS",
+    "COMPLETION_ANSWER_FORMATS",
     "DEFAULT_MAX_CHARS",
+    "END_OF_TEXT_MARKERS",
     "STATUSES",
     "MathRewardPool",
     "RewardFuture",
@@ -17,4 +29,5 @@ __all__ = [
     "RewardStats",
     "extract_final_answer",
     "math_equal",
+    "strip_trailer",
 ]

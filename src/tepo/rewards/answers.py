@@ -14,17 +14,74 @@ Answer formats (``answer_format``):
 - ``"raw"``: the whole text is the answer (or its last box, if it has one). For comparing two answer strings
   (``math_equal``), not for model completions.
 
-Size cap: only the last ``max_chars`` characters of a completion are considered (the final answer is at the
-end of a completion; the head is reasoning). If the cut falls inside a box, that box is lost and an earlier box
-(or, in ``boxed_or_last``, the last number) is used; ``DEFAULT_MAX_CHARS`` leaves ample room for real answers.
+``ANSWER_FORMATS`` is the one list of format names; ``COMPLETION_ANSWER_FORMATS`` are those that make sense for
+model completions (training rewards, ``tepo eval``), i.e. all but ``"raw"``.
+
+Trailer: what follows the final answer and carries no content is dropped first (``strip_trailer``): whitespace
+(any Unicode space, ``\\r\\n`` runs), control characters (NUL, ...), zero-width and direction marks, U+FFFD left
+by bytes that failed to decode, and end-of-text strings that a decode without ``skip_special_tokens`` or a model
+writing them as text leaves (``END_OF_TEXT_MARKERS``: ``<|endoftext|>``, ``<|im_end|>``, ``</s>``, ...), in any
+mix and number. Only the very end is touched; a marker inside the text stays.
+
+Size cap: then only the last ``max_chars`` characters of the completion are considered (the final answer is at
+the end of a completion; the head is reasoning), so the verifier never sees more than ``max_chars`` characters
+however long the input. If the cut falls inside a box, that box is lost and an earlier box (or, in
+``boxed_or_last``, the last number) is used; ``DEFAULT_MAX_CHARS`` leaves ample room for real answers. Dropping
+the trailer before the cut is what keeps an answer followed by more padding than ``max_chars`` (a model that
+fills its length budget with newlines or EOS strings) from scoring 0. The trailer scan is linear in the
+trailer's length and runs at C speed (a regular expression without backtracking on the reversed end).
 """
 
 from __future__ import annotations
 
 import re
 
-ANSWER_FORMATS = ("boxed", "boxed_or_last", "raw")
+# The one registry of answer formats (config validation, the pool, ``tepo eval`` and its --help read it).
+ANSWER_FORMAT_DESCRIPTIONS = {
+    "boxed": "only a final \\boxed{} answer counts",
+    "boxed_or_last": "the last \\boxed{} answer, else the last number in the text",
+    "raw": "the whole text is the answer (comparing two answers, not model completions)",
+}
+ANSWER_FORMATS = tuple(ANSWER_FORMAT_DESCRIPTIONS)
+COMPLETION_ANSWER_FORMATS = tuple(f for f in ANSWER_FORMATS if f != "raw")
 DEFAULT_MAX_CHARS = 8192
+
+# End-of-text strings of common tokenizers, as they appear in decoded text. None ends another (tested), so the
+# greedy scan from the end cannot depend on their order.
+END_OF_TEXT_MARKERS = (
+    "<|endoftext|>",  # GPT-2, Qwen, SmolLM
+    "<|im_end|>",  # ChatML (Qwen, SmolLM2 instruct)
+    "<|eot_id|>",  # Llama 3
+    "<|end_of_text|>",  # Llama 3
+    "</s>",  # Llama 2, Mistral
+    "<eos>",  # Gemma
+    "<end_of_turn>",  # Gemma
+    "<|end|>",  # Phi-3
+    "<|return|>",  # gpt-oss
+    "<\uff5cend\u2581of\u2581sentence\uff5c>",  # DeepSeek
+    "<pad>",
+    "<|pad|>",
+    "[PAD]",
+)
+# Characters without content at the end of a completion: every Unicode space (str.isspace; the highest is U+3000),
+# C0/C1 controls and DEL, zero-width and direction marks, the BOM, U+FFFD and lone surrogates (undecodable bytes).
+_TRAILER_CHARS = (
+    "".join(c for c in map(chr, range(0x3001)) if c.isspace())
+    + "".join(map(chr, range(0x20)))
+    + "".join(map(chr, range(0x7F, 0xA0)))
+    + "\u180e\u200b\u200c\u200d\u200e\u200f\u202a\u202b\u202c\u202d\u202e"
+    + "\u2060\u2061\u2062\u2063\u2064\u2066\u2067\u2068\u2069\ufeff\ufffd"
+)
+# Matched against the reversed end of the text: one possessive run of trailer characters and reversed markers.
+# Possessive (no backtracking) and anchored at the start, so each character is looked at once.
+_REVERSED_TRAILER = re.compile(
+    "(?:["
+    + "".join(re.escape(c) for c in _TRAILER_CHARS)
+    + "\ud800-\udfff]|"
+    + "|".join(re.escape(m[::-1]) for m in END_OF_TEXT_MARKERS)
+    + ")*+"
+)
+_LONGEST_MARKER = max(map(len, END_OF_TEXT_MARKERS))
 
 # A backslash escapes the next character (so ``\{`` and ``\}`` are literal set braces, not groups), and bare
 # braces open/close groups. Scanning only these tokens keeps extraction linear in the text length.
@@ -35,8 +92,28 @@ _BOX_OPENER = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?(?![\w])")
 
 
+def strip_trailer(text: str) -> str:
+    """``text`` without its trailer: trailing whitespace, invisible characters and end-of-text markers, in any
+    mix and number (see the module docstring). Text before the last content character is untouched.
+
+    Linear in the trailer's length: the end is reversed in windows that grow 4x, and the window only grows when
+    the trailer reaches (to within one marker's length) its far edge, so a marker cut by the window edge is
+    never mistaken for text.
+    """
+    n = len(text)
+    window = 256
+    while True:
+        window = min(window, n)
+        cut = _REVERSED_TRAILER.match(text[n - window :][::-1]).end()
+        if window == n or window - cut >= _LONGEST_MARKER:
+            return text[: n - cut]
+        window *= 4
+
+
 def tail(text: str, max_chars: int | None) -> str:
-    """The last ``max_chars`` characters of ``text`` (all of it when ``max_chars`` is None)."""
+    """The last ``max_chars`` characters of ``text`` once its trailer is dropped (all of it when ``max_chars`` is
+    None). At most ``max_chars`` characters, whatever the input."""
+    text = strip_trailer(text)
     if max_chars is None or len(text) <= max_chars:
         return text
     return text[-max_chars:]

@@ -16,7 +16,8 @@ Start method: workers are fresh interpreters started with ``subprocess`` (fork+e
 ``__main__`` is not re-imported (scripts need no ``if __name__ == "__main__"`` guard), and only JSON lines cross
 the pipes (nothing is pickled). Measured start-up: about 0.3-0.5 s per worker (math-verify import + warm-up).
 
-Completions are cut to their last ``max_chars`` characters in the parent before anything is sent (see
+Completions lose their trailer (padding, end-of-text markers) and are then cut to their last ``max_chars``
+characters in the parent before anything is sent, so a worker never gets more than ``max_chars`` characters (see
 ``answers.py``); lone surrogates and control characters are replaced (see ``sanitize``).
 """
 
@@ -49,7 +50,8 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 def sanitize(text: str, max_chars: int) -> str:
-    """What the worker gets: the last ``max_chars`` characters, lone surrogates and control characters replaced."""
+    """What the worker gets: at most ``max_chars`` characters, the last ones before the trailer (``tail``), with
+    lone surrogates and control characters replaced."""
     return _CONTROL.sub(" ", _LONE_SURROGATE.sub("\ufffd", tail(text, max_chars)))
 
 
@@ -191,7 +193,7 @@ class MathRewardPool:
         num_workers: worker processes (each about 60-150 MB resident).
         timeout_s: hard limit per item, from hand-off to a worker until its result; the worker is killed and
             replaced on overrun and the item scores 0 (``"timeout"``).
-        answer_format: ``"boxed"``, ``"boxed_or_last"`` or ``"raw"`` (see ``tepo.rewards.answers``).
+        answer_format: one of ``ANSWER_FORMATS`` (see ``tepo.rewards.answers``).
         max_chars: only the last ``max_chars`` characters of a completion are verified.
         memory_limit_mb: ``RLIMIT_AS`` of each worker (0: no limit). The default leaves a wide margin over
             normal sympy use (about 70 MB virtual after warm-up, under 200 MB on megabyte inputs).
