@@ -113,9 +113,24 @@ class TrainConfig:
     seed: int = 0
     output_dir: str = "runs"
     run_name: str | None = None
+    # Checkpoints (docs/reliability.md). save_every: every N steps (0: none periodically); save_final: also after
+    # the last step. So save_every=0 keeps only the final one, and save_every=0 with save_final=false writes none.
     save_every: int = 4
-    keep_checkpoints: int = 2
+    save_final: bool = True
+    # Keep the N newest intact checkpoints, deleting older and broken ones (0: keep all). It was called
+    # keep_checkpoints: that name is still read, as a deprecated alias, so old presets and run directories resume.
+    keep_last: int = 2
+    # false: leave the optimizer's moments out (two thirds of a checkpoint of an fp32 model with AdamW); the
+    # weights are complete, but a resume from such a checkpoint cannot be exact, so it is refused unless
+    # resume_without_optimizer is true (then the moments restart from zero, and the trainer says so).
+    save_optimizer: bool = True
+    resume_without_optimizer: bool = False
     max_bad_steps: int = 3  # consecutive non-finite steps before the run stops
+
+    @property
+    def keep_checkpoints(self) -> int:
+        """Deprecated, read-only: ``keep_last`` under its old name, for code written before the rename."""
+        return self.keep_last
 
 
 @dataclass
@@ -250,13 +265,46 @@ def parse_overrides(overrides: list[str]) -> dict:
 def load_config(source: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Build and validate a config from a preset/file (default: built-in defaults) plus dotted overrides."""
     data, where = _load_with_bases(source or DEFAULT_PRESET)
-    data = _deep_merge(data, parse_overrides(overrides or []))
+    notes: list[str] = []
+    # Renamed keys are read per layer, so an override of either name beats the file's value of either name.
+    data = _deep_merge(
+        _renamed(data, notes, where), _renamed(parse_overrides(overrides or []), notes, "the overrides")
+    )
     errors: list[str] = []
     config = _build(RunConfig, data, "", errors, where)
     errors.extend(validate(config))  # fields that failed to parse kept their defaults: no spurious messages
     if errors:
         raise ConfigError("invalid configuration:\n" + "\n".join(f"  - {e}" for e in errors))
+    config.renamed_key_notes = notes  # not a field: reported by config_warnings, never saved
     return config
+
+
+# Deprecated key -> its new name. The old name is still read (one note each time) so that presets and the
+# config.yaml of existing run directories keep working.
+RENAMED_KEYS = {("train", "keep_checkpoints"): "keep_last"}
+
+
+def _renamed(data: dict, notes: list[str], where: str) -> dict:
+    """``data`` with each deprecated key moved to its new name; where one layer gives both, the new one wins."""
+    out = dict(data)
+    for (section, old), new in RENAMED_KEYS.items():
+        node = out.get(section)
+        if not isinstance(node, dict) or old not in node:
+            continue
+        node = dict(node)
+        value = node.pop(old)
+        if new in node:
+            notes.append(
+                f"{section}.{old} in {where} is deprecated and was ignored there: {section}.{new} is also set"
+            )
+        else:
+            node[new] = value
+            notes.append(
+                f"{section}.{old} in {where} is deprecated: rename it {section}.{new} (read as {section}.{new}="
+                f"{value!r} there)"
+            )
+        out[section] = node
+    return out
 
 
 def _build(cls, data: Any, prefix: str, errors: list[str], where: str):
@@ -370,8 +418,8 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(f"optim.betas: each must be in [0, 1), got {list(c.optim.betas)}")
     if c.data.limit is not None and c.data.limit < 1:
         errors.append(f"data.limit: must be >= 1 (or null for all problems), got {c.data.limit}")
-    if c.train.keep_checkpoints < 0:
-        errors.append(f"train.keep_checkpoints: must be >= 0 (0 keeps all), got {c.train.keep_checkpoints}")
+    if c.train.keep_last < 0:
+        errors.append(f"train.keep_last: must be >= 0 (0 keeps all), got {c.train.keep_last}")
     if c.optim.schedule not in ("constant", "cosine", "linear"):
         errors.append(f"optim.schedule: expected constant, cosine or linear, got {c.optim.schedule!r}")
     if c.reward.timeout_s <= 0:
@@ -555,14 +603,15 @@ def config_warnings(config: RunConfig) -> list[str]:
     logs them at start). Problems are ``validate``'s; an invalid estimator setting gives no note here."""
     from tepo.advantages import ADVANTAGE_ESTIMATORS, estimator_requires
 
+    renamed = list(getattr(config, "renamed_key_notes", ()))
     algo = config.algorithm
     if algo.advantage not in ADVANTAGE_ESTIMATORS:
-        return []
+        return renamed
     try:
         needs = estimator_requires(algo.advantage, algo.advantage_options)
     except ValueError:
-        return []
-    notes = []
+        return renamed
+    notes = renamed
     if {"logp", "ref_logp"} <= needs:
         notes.append(
             f"algorithm.advantage={algo.advantage!r} measures the policy against the reference model "
