@@ -133,7 +133,7 @@ def test_every_problem_is_reported_at_once_one_line_each():
         ("rollout.temperature=-.inf", "rollout.temperature: expected a finite float"),
         ("train.max_bad_steps=0", "train.max_bad_steps: must be >= 1"),
         ("data.limit=0", "data.limit: must be >= 1"),
-        ("train.keep_checkpoints=-1", "train.keep_checkpoints: must be >= 0"),
+        ("train.keep_last=-1", "train.keep_last: must be >= 0"),
         ("optim.max_grad_norm=0", "optim.max_grad_norm: must be > 0"),
         ("optim.betas=[0.9, 1.0]", "optim.betas: each must be in [0, 1)"),
         ("optim.schedule=exp", "optim.schedule: expected constant, cosine or linear"),
