@@ -137,7 +137,13 @@ class TrainConfig:
 class RewardConfig:
     num_workers: int = 2
     timeout_s: float = 5.0
-    answer_format: str = "boxed_or_last"
+    answer_format: str = "boxed_or_last"  # one of tepo.rewards.COMPLETION_ANSWER_FORMATS
+    # DAPO's soft overlong punishment (tepo.rewards.shaping.overlong_penalty): responses longer than
+    # rollout.max_new_tokens - overlong_buffer tokens lose up to overlong_penalty_factor, linearly (0: off).
+    overlong_buffer: int = 0
+    overlong_penalty_factor: float = 1.0
+    # DAPO's overlong filtering: truncated responses (no EOS within rollout.max_new_tokens) are left out of the loss.
+    overlong_filter: bool = False
 
 
 @dataclass
@@ -424,10 +430,7 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(f"optim.schedule: expected constant, cosine or linear, got {c.optim.schedule!r}")
     if c.reward.timeout_s <= 0:
         errors.append(f"reward.timeout_s: must be > 0, got {c.reward.timeout_s}")
-    if c.reward.answer_format not in ("boxed", "boxed_or_last"):
-        errors.append(
-            f"reward.answer_format: expected boxed or boxed_or_last, got {c.reward.answer_format!r}"
-        )
+    errors += _reward_errors(c)
     errors += rollout_config_errors(c.rollout)  # backend name and each backend's own keys
     if c.model.train_attention not in ("auto", "eager", "sdpa", "model"):
         errors.append(
@@ -461,6 +464,30 @@ def validate(config: RunConfig) -> list[str]:
         )
     else:
         errors += _advantage_errors(c)
+    return errors
+
+
+def _reward_errors(c: RunConfig) -> list[str]:
+    from tepo.rewards import COMPLETION_ANSWER_FORMATS
+
+    errors = []
+    r = c.reward
+    if r.answer_format not in COMPLETION_ANSWER_FORMATS:
+        expected = ", ".join(COMPLETION_ANSWER_FORMATS)
+        errors.append(f"reward.answer_format: expected one of {expected}, got {r.answer_format!r}")
+    if r.overlong_buffer < 0:
+        errors.append(
+            f"reward.overlong_buffer: must be >= 0 tokens (0 turns it off), got {r.overlong_buffer}"
+        )
+    elif r.overlong_buffer and r.overlong_buffer >= c.rollout.max_new_tokens:
+        errors.append(
+            f"reward.overlong_buffer ({r.overlong_buffer}) must be smaller than rollout.max_new_tokens "
+            f"({c.rollout.max_new_tokens}): the penalty starts at max_new_tokens - overlong_buffer tokens"
+        )
+    if not (math.isfinite(r.overlong_penalty_factor) and r.overlong_penalty_factor >= 0):
+        errors.append(
+            f"reward.overlong_penalty_factor: must be a finite number >= 0, got {r.overlong_penalty_factor}"
+        )
     return errors
 
 

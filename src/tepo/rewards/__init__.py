@@ -14,6 +14,7 @@ from .answers import (
     strip_trailer,
 )
 from .pool import STATUSES, MathRewardPool, RewardFuture, RewardResult, RewardStats
+from .shaping import mask_truncated, overlong_filter_mask, overlong_penalty
 from .single import math_equal
 
 __all__ = [
@@ -28,6 +29,9 @@ __all__ = [
     "RewardResult",
     "RewardStats",
     "extract_final_answer",
+    "mask_truncated",
     "math_equal",
+    "overlong_filter_mask",
+    "overlong_penalty",
     "strip_trailer",
 ]
