@@ -21,6 +21,9 @@ class HostileCase:
     gold: str = "42"  # absent from the hostile text: only cases marked may_be_correct (gold "5") can score 1
     may_be_correct: bool = False
     injection: bool = False
+    must_be_correct: bool = (
+        False  # a right answer followed by padding/markers: anything but "correct" is a bug
+    )
 
 
 def _boxed(s: str) -> str:
@@ -207,6 +210,40 @@ def _control_and_encoding() -> list[HostileCase]:
     return cases
 
 
+def _trailers() -> list[HostileCase]:
+    """A right answer followed by more padding or end-of-text artefacts than the verifier's window (8192
+    characters): must score correct, in bounded time. And floods of markers with no answer: must not."""
+    right = "So the answer is \\boxed{5}"
+    floods = {
+        "spaces": " " * MB,
+        "newlines": "\n" * MB,
+        "crlf": "\r\n" * (MB // 2),
+        "nul": "\x00" * MB,
+        "zero_width": "\u200b\ufeff" * (MB // 2),
+        "endoftext": "<|endoftext|>" * (MB // 13),
+        "im_end_endoftext": "<|im_end|>\n<|endoftext|>" * (MB // 24),
+        "eos_s_newlines": "</s>\n" * (MB // 5),
+        "mixed": "\r\n<|im_end|>\x00\u200b </s>\t<|eot_id|>" * (MB // 32),
+    }
+    cases = [
+        HostileCase(f"trailer_{name}", right + flood, gold="5", may_be_correct=True, must_be_correct=True)
+        for name, flood in floods.items()
+    ]
+    cases += [
+        HostileCase(
+            "trailer_number_then_eos",
+            "The answer is 5" + "</s>" * (MB // 4),
+            gold="5",
+            may_be_correct=True,
+            must_be_correct=True,
+        ),
+        HostileCase("markers_then_text", "</s>" * (MB // 4) + "x"),
+        HostileCase("broken_markers", "<|endoftext|" * (MB // 12)),
+        HostileCase("answer_then_markers_then_text", "\\boxed{42}" + "</s>" * (MB // 4) + "done"),
+    ]
+    return cases
+
+
 def _injections(marker_dir: Path) -> list[HostileCase]:
     payloads = [
         "__import__('os').system('touch {m}')",
@@ -255,6 +292,7 @@ def hostile_corpus(marker_dir: Path) -> list[HostileCase]:
         + _powers_and_factorials()
         + _fraction_bombs()
         + _control_and_encoding()
+        + _trailers()
         + _injections(Path(marker_dir))
     )
     names = [c.name for c in corpus]
@@ -262,7 +300,7 @@ def hostile_corpus(marker_dir: Path) -> list[HostileCase]:
     return corpus
 
 
-def default_subset(corpus: list[HostileCase], size: int = 30) -> list[HostileCase]:
+def default_subset(corpus: list[HostileCase], size: int = 34) -> list[HostileCase]:
     """A fixed, representative slice for the default (fast) suite: every category, all cheap-to-verify kinds."""
     wanted = [
         "nested_braces_5000",
@@ -295,6 +333,10 @@ def default_subset(corpus: list[HostileCase], size: int = 30) -> list[HostileCas
         "inject_0_prose",
         "inject_11_boxed_text",
         "inject_gold",
+        "trailer_spaces",
+        "trailer_endoftext",
+        "trailer_mixed",
+        "markers_then_text",
     ]
     by_name = {c.name: c for c in corpus}
     return [by_name[n] for n in wanted[:size]]

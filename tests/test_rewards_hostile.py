@@ -50,6 +50,8 @@ def _run_corpus(cases, marker_dir):
             failures.append(f"{case.name}: reward {r.reward} with status {r.status}")
         if r.reward and not case.may_be_correct:
             failures.append(f"{case.name}: scored correct (extracted {r.extracted!r:.80})")
+        if case.must_be_correct and r.status != "correct":
+            failures.append(f"{case.name}: a right answer before padding scored {r.status}")
     assert not failures, "\n".join(failures)
     assert not list(marker_dir.iterdir()), "a completion executed code"
     assert all(r.status == "correct" for r in after), "pool broken after the hostile corpus"
@@ -85,11 +87,12 @@ def test_corpus_is_large_and_varied(marker_dir):
         "\udc80" <= ch <= "\udcff" for c in corpus for ch in c.response[:5000]
     )  # surrogate-escaped bytes
     assert any("\ufffd" in c.response for c in corpus)  # bytes decoded with errors="replace"
+    assert sum(c.must_be_correct for c in corpus) >= 10  # right answers behind megabytes of padding/markers
 
 
 def test_hostile_subset(marker_dir):
     cases = default_subset(hostile_corpus(marker_dir))
-    assert len(cases) == 30
+    assert len(cases) == 34
     stats, wall = _run_corpus(cases, marker_dir)
     assert stats.items == len(cases) + 20 + 60
     assert stats.timeouts >= 1  # the subset includes real verifier hangs (9^9^9^9, (10!)!, ...)
