@@ -16,7 +16,8 @@ import time
 import pytest
 import torch
 
-from tepo.rollout import resolve_rollout_backend
+from tepo.config import RolloutConfig
+from tepo.rollout import choose_rollout_backend
 from tepo.rollout.base import batch_from_responses
 from tepo.rollout.vllm import VLLMRollout, VLLMServerError, find_vllm_python, write_weights
 
@@ -99,6 +100,10 @@ def test_write_weights_unties_the_head_and_replaces_atomically(embedded_model, t
     assert config["tie_word_embeddings"] is False and config["model_type"] == "llama"
 
 
+def resolve(name: str) -> str:
+    return choose_rollout_backend(RolloutConfig(backend=name))[0]
+
+
 def test_find_vllm_python_says_how_to_install(monkeypatch, tmp_path):
     import tepo.rollout.vllm as backend
 
@@ -107,15 +112,15 @@ def test_find_vllm_python_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setattr(backend, "VENV_NAME", ".venv-vllm-that-does-not-exist")
     with pytest.raises(VLLMServerError, match=r"bash scripts/install_vllm_cpu.sh.*rollout.vllm_python"):
         find_vllm_python()
-    assert resolve_rollout_backend("auto") == "hf"
-    assert resolve_rollout_backend("vllm") == "vllm" and resolve_rollout_backend("hf") == "hf"
+    assert resolve("auto") == "hf"
+    assert resolve("vllm") == "vllm" and resolve("hf") == "hf"
     # A venv whose install did not finish (no ready marker) is not used.
     fake = tmp_path / ".venv-vllm-that-does-not-exist" / "bin"
     fake.mkdir(parents=True)
     (fake / "python").write_text("#!/bin/sh\nexit 1\n")
-    assert resolve_rollout_backend("auto") == "hf"
+    assert resolve("auto") == "hf"
     (fake.parent / backend.READY_MARKER).touch()
-    assert find_vllm_python() == str(fake / "python") and resolve_rollout_backend("auto") == "vllm"
+    assert find_vllm_python() == str(fake / "python") and resolve("auto") == "vllm"
     with pytest.raises(VLLMServerError, match="does not exist"):
         find_vllm_python(str(tmp_path / "nope" / "python"))
     monkeypatch.setenv("TEPO_VLLM_PYTHON", str(tmp_path / "missing-python"))
@@ -250,6 +255,51 @@ def test_vllm_logprobs_equal_the_trainers_before_and_after_a_weight_sync(fp32_en
 
 
 @pytest.mark.model
+def test_vllm_logprobs_are_the_processed_ones_temperature_and_nucleus(fp32_engine, chat_prompts):
+    """With T != 1 and top_p < 1 the engine reports log-probs of the distribution it sampled from (vLLM's
+    "processed_logprobs"), not the raw model's: they equal the renormalised nucleus of the trainer's float32
+    logits / T, and differ from the untruncated ones."""
+    from test_rollout_logprobs import next_token_logits, nucleus_logprobs
+
+    temperature, top_p = 0.8, 0.7
+    batch = fp32_engine.generate(
+        chat_prompts,
+        num_samples=4,
+        max_new_tokens=16,
+        temperature=temperature,
+        top_p=top_p,
+        seed=3,
+        return_logprobs=True,
+    )
+    logits = next_token_logits(fp32_engine.model, batch)
+    tokens = batch.response_ids.unsqueeze(-1)
+    want = nucleus_logprobs(logits, temperature, top_p).gather(-1, tokens).squeeze(-1)
+    mask = batch.response_mask.bool()
+    assert torch.isfinite(want[mask]).all(), "the engine sampled a token outside the nucleus"
+    torch.testing.assert_close(batch.rollout_logp[mask], want[mask], atol=1e-3, rtol=0)
+    assert (batch.rollout_logp[~mask] == 0).all()
+    raw = torch.log_softmax(logits, -1).gather(-1, tokens).squeeze(-1)
+    assert (batch.rollout_logp[mask] - raw[mask]).abs().max() > 0.05
+
+
+@pytest.mark.model
+def test_a_bf16_engine_is_a_different_behaviour_policy(embedded_model, chat_prompts, tmp_path):
+    """The default bf16 engine samples from bf16-rounded logits: its log-probs are close to the float32
+    trainer's but not equal (the gap off-policy corrections see; docs/offpolicy.md)."""
+    from tepo.logprobs import response_logprobs
+
+    python = _vllm_python_or_skip()
+    model, tokenizer = embedded_model
+    with VLLMRollout(model, tokenizer, python=python, dtype="bfloat16", log_path=tmp_path / "log") as engine:
+        batch = engine.generate(chat_prompts, num_samples=4, max_new_tokens=16, seed=3, return_logprobs=True)
+    with torch.no_grad():
+        scored, _ = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_len)
+    mask = batch.response_mask.bool()
+    gap = (scored[mask] - batch.rollout_logp[mask]).abs()
+    assert 1e-3 < float(gap.mean()) < 0.3, f"mean |delta log p| {float(gap.mean()):.4f}"
+
+
+@pytest.mark.model
 def test_vllm_refuses_prompts_longer_than_its_context(fp32_engine, chat_prompts):
     too_long = [chat_prompts[0] * (fp32_engine.max_model_len // len(chat_prompts[0]) + 1)]
     with pytest.raises(ValueError, match="exceeds the vLLM engine's max_model_len"):
@@ -263,7 +313,7 @@ def test_a_training_run_with_vllm_syncs_after_every_update_and_stops_its_server(
     import json
 
     from tepo.config import load_config
-    from tepo.train import Trainer
+    from tepo.training import Trainer
 
     python = _vllm_python_or_skip()
     config = load_config(
@@ -370,5 +420,7 @@ def test_tepo_eval_with_the_vllm_engine(tmp_path, embedded_model_dir, capsys):
     assert len(vllm_samples) == len(problems) and (out / "vllm" / "results.json").exists()
     assert [s["problem"] for s in vllm_samples] == [s["problem"] for s in hf_samples]
     # Greedy float32 decoding of the same weights: the same text (--dtype defaults to float32 on CPU).
-    assert [s["responses"][0]["text"] for s in vllm_samples] == [s["responses"][0]["text"] for s in hf_samples]
+    assert [s["responses"][0]["text"] for s in vllm_samples] == [
+        s["responses"][0]["text"] for s in hf_samples
+    ]
     assert all(s["responses"][0]["text"] for s in vllm_samples)

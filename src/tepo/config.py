@@ -58,9 +58,9 @@ class RolloutConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    # hf backend: generate under bf16 autocast (measured 1.66x less CPU than float32 on the default workload, and
-    # the numerics the bf16-autocast update scores with; docs/performance.md). None: tepo.rollout.hf's per-device
-    # default. hf_max_batch_size: rows per generate call (None: all rows at once).
+    # hf backend: generate under bf16 autocast (measured 1.66x less CPU than float32 on the default workload when
+    # it became the default, and the numerics the bf16-autocast update scores with). None: tepo.rollout.hf's
+    # per-device default. hf_max_batch_size: rows per generate call (None: all rows at once).
     autocast_bf16: bool | None = True
     hf_max_batch_size: int | None = None
     # backend "vllm" (a vLLM engine in a server process, tepo.rollout.vllm): its interpreter (None: this one if it

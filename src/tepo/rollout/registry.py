@@ -33,7 +33,21 @@ class RolloutBackendEntry:
         if not isinstance(self.target, str):
             return self.target
         module, _, attr = self.target.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return _checked(self.name, getattr(importlib.import_module(module), attr))
+
+
+HOOKS = ("from_config", "availability", "config_errors")
+METHODS = ("generate", "weights_updated", "close", "__enter__", "__exit__")
+
+
+def _checked(name: str, cls: type) -> type:
+    missing = [m for m in (*HOOKS, *METHODS) if not callable(getattr(cls, m, None))]
+    if missing:
+        raise TypeError(
+            f"rollout backend {name!r} ({cls.__module__}.{cls.__qualname__}) lacks {', '.join(missing)}: a backend "
+            "implements tepo.rollout.base.RolloutBackend and the hooks listed in tepo.rollout.registry"
+        )
+    return cls
 
 
 _BACKENDS: dict[str, RolloutBackendEntry] = {}
@@ -49,8 +63,11 @@ def register_rollout_backend(name: str, target: str | type, *, auto_priority: in
         raise ValueError(f"a rollout backend name must be an identifier other than {AUTO!r}; got {name!r}")
     if name in _BACKENDS:
         raise ValueError(f"rollout backend {name!r} is already registered ({_BACKENDS[name].target})")
-    if isinstance(target, str) and ":" not in target:
-        raise ValueError(f"rollout backend target must be 'module:Class' or a class; got {target!r}")
+    if isinstance(target, str):
+        if ":" not in target:
+            raise ValueError(f"rollout backend target must be 'module:Class' or a class; got {target!r}")
+    else:
+        _checked(name, target)
     _BACKENDS[name] = RolloutBackendEntry(name, target, auto_priority)
 
 
