@@ -381,3 +381,28 @@ def test_package_source_names_no_machine_path():
             if _MACHINE_PATH.search(line):
                 hits.append(f"{path.relative_to(package.parent)}:{line_no}: {line.strip()}")
     assert not hits, "paths of the development machine in the package:\n" + "\n".join(hits)
+
+
+def test_a_hub_dataset_without_the_split_is_one_message_not_an_unreachable_hub(hub_sandbox):
+    # A repository copy with only a train split: the library's own error, passed on with the ways out.
+    _make_repo(hub_sandbox, "math-ai/aime25", {(None, "train"): "train.jsonl"}, _rows("aime25"), "aime25")
+    with pytest.raises(DataError) as caught:
+        resolve_benchmark("aime25")
+    message = str(caught.value)
+    assert "the Hugging Face dataset math-ai/aime25/test could not be loaded" in message
+    assert "test" in message.split("could not be loaded", 1)[1] and "--data-dir" in message
+    assert "could not be reached" not in message
+
+
+def test_unreachable_is_read_from_the_error_and_its_causes():
+    from tepo.evaluate.benchmarks import _hub_unreachable
+
+    assert _hub_unreachable(ConnectionError("Couldn't reach 'x' on the Hub (OfflineModeIsEnabled)"))
+    try:
+        try:
+            raise TimeoutError("read timed out")
+        except TimeoutError as inner:
+            raise RuntimeError("download failed") from inner
+    except RuntimeError as outer:
+        assert _hub_unreachable(outer)
+    assert not _hub_unreachable(ValueError("Config name is missing."))

@@ -289,6 +289,24 @@ def problems_from_hub_rows(bench: Benchmark, rows) -> list[Problem]:
     return problems
 
 
+_UNREACHABLE_ERRORS = frozenset(
+    {"ConnectionError", "ConnectError", "ConnectTimeout", "ReadTimeout", "Timeout", "TimeoutError"}
+)
+
+
+def _hub_unreachable(err: BaseException) -> bool:
+    """Whether loading failed for want of the hub: datasets raises ConnectionError ("Couldn't reach ...") when the
+    hub is offline and nothing is cached; the HTTP clients underneath raise their own connect/timeout errors."""
+    seen: BaseException | None = err
+    for _ in range(5):  # the error and the causes it chains
+        if seen is None:
+            break
+        if _UNREACHABLE_ERRORS & {cls.__name__ for cls in type(seen).__mro__}:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def _load_from_hub(bench: Benchmark, data_dir) -> list[Problem]:
     hub = bench.hub
     if data_dir is None and default_data_dir() is None:
@@ -309,12 +327,12 @@ def _load_from_hub(bench: Benchmark, data_dir) -> list[Problem]:
         ) from err
     try:
         rows = datasets.load_dataset(hub.dataset, hub.config, split=hub.split)
-    except ConnectionError as err:  # datasets raises it when the hub cannot be reached and nothing is cached
-        raise DataError(
-            f"{where}, and the Hugging Face hub could not be reached to load {hub.label()} ({err}); "
-            f"{local_hint}, or retry with network access (a loaded dataset is cached for offline use)"
-        ) from None
     except Exception as err:
+        if _hub_unreachable(err):
+            raise DataError(
+                f"{where}, and the Hugging Face hub could not be reached to load {hub.label()} ({err}); "
+                f"{local_hint}, or retry with network access (a loaded dataset is cached for offline use)"
+            ) from None
         raise DataError(
             f"{where}, and the Hugging Face dataset {hub.label()} could not be loaded "
             f"({type(err).__name__}: {err}); {local_hint}"
