@@ -406,3 +406,25 @@ def test_unreachable_is_read_from_the_error_and_its_causes():
     except RuntimeError as outer:
         assert _hub_unreachable(outer)
     assert not _hub_unreachable(ValueError("Config name is missing."))
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation other than - and _ dropped, spaces to -."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_the_package_cites_sections_that_exist_in_docs_algorithms():
+    doc = Path(__file__).resolve().parents[1] / "docs" / "algorithms.md"
+    headings = re.findall(r"^#+ (.+)$", doc.read_text(encoding="utf-8"), flags=re.MULTILINE)
+    anchors = {_anchor(h) for h in headings}
+    assert {"aggregation", "regularizers", "erpo", "cov_gauss", "rollout-correction-off-policy"} <= anchors
+    package = Path(tepo.__file__).resolve().parent
+    cited = {
+        (path.name, anchor)
+        for path in package.rglob("*.py")
+        for anchor in re.findall(r"docs/algorithms\.md#([\w\-]+)", path.read_text(encoding="utf-8"))
+    }
+    assert cited, "the package cites no section of docs/algorithms.md"
+    missing = sorted(c for c in cited if c[1] not in anchors)
+    assert not missing, f"citations of sections docs/algorithms.md does not have: {missing}"
