@@ -4,6 +4,8 @@ config keys and validation, and the presets that use it."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from fractions import Fraction
 
 import pytest
@@ -196,3 +198,9 @@ def test_dapo_presets_use_the_published_setting_scaled(preset):
     assert c.reward.overlong_buffer == round(c.rollout.max_new_tokens * 4096 / 20480)
     assert (c.reward.overlong_penalty_factor, c.reward.overlong_filter) == (1.0, False)
     assert c.algorithm.loss == "dapo" and c.algorithm.dynamic_sampling
+
+
+def test_importing_the_reward_pool_does_not_import_torch():
+    # Verification-only users (math_equal, the pool) stay light; the shaping functions load torch on first use.
+    code = "import sys, tepo.rewards; assert 'torch' not in sys.modules; tepo.rewards.overlong_penalty"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -14,8 +14,20 @@ from .answers import (
     strip_trailer,
 )
 from .pool import STATUSES, MathRewardPool, RewardFuture, RewardResult, RewardStats
-from .shaping import mask_truncated, overlong_filter_mask, overlong_penalty
 from .single import math_equal
+
+# The shaping functions need torch; the pool and extraction do not (a process that only verifies answers should not
+# pay for importing torch), so they are loaded on first use.
+_SHAPING = ("mask_truncated", "overlong_filter_mask", "overlong_penalty")
+
+
+def __getattr__(name: str):
+    if name in _SHAPING:
+        from . import shaping
+
+        return getattr(shaping, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ANSWER_FORMATS",
