@@ -7,6 +7,10 @@ A checkpoint is a directory ``checkpoints/step_000012/`` holding:
 - ``manifest.json``: written last, with the SHA-256 of every other file and whether the optimizer's moments are in
   ``state.pt`` (``"optimizer_state"``).
 
+It is written into ``step_000012.tmp-<pid>`` and renamed into place, so a kill during the write leaves either no
+checkpoint or a complete one. On resume, checkpoints are tried newest first; one with a missing or mismatching
+manifest (torn by a kill, corrupted on disk) is reported and skipped for the previous one.
+
 With ``save_optimizer=False`` (``train.save_optimizer: false``) the optimizer's per-parameter state (AdamW's two
 moments and step counts: two thirds of a checkpoint of an fp32 model) is left out and only its hyper-parameters
 (``param_groups``) are kept. Such a checkpoint is a complete record of the weights, but a resume from it is not an
@@ -16,10 +20,6 @@ exact continuation: the moments restart from zero. ``load_checkpoint`` reports i
 
 Retention: after each save the newest ``keep`` intact checkpoints stay (the one just written always among them)
 and the rest is deleted, broken ones included: a corrupt copy is never counted as one of the ``keep``.
-
-It is written into ``step_000012.tmp-<pid>`` and renamed into place, so a kill during the write leaves either no
-checkpoint or a complete one. On resume, checkpoints are tried newest first; one with a missing or mismatching
-manifest (torn by a kill, corrupted on disk) is reported and skipped for the previous one.
 """
 
 from __future__ import annotations
