@@ -106,11 +106,21 @@ def test_shaped_rewards_are_correctness_plus_penalty():
         ({"max_len": 10, "buffer_len": 4, "penalty_factor": -0.1}, "penalty_factor"),
         ({"max_len": 10, "buffer_len": 4, "penalty_factor": math.nan}, "penalty_factor"),
         ({"max_len": 10, "buffer_len": 4, "penalty_factor": math.inf}, "penalty_factor"),
+        ({"max_len": 10, "buffer_len": 4, "penalty_factor": True}, "penalty_factor"),
+        ({"max_len": True, "buffer_len": 0}, "max_len"),
     ],
 )
 def test_bad_arguments_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         overlong_penalty(torch.tensor([1]), **kwargs)
+
+
+def test_numpy_integers_are_accepted():
+    np = pytest.importorskip("numpy")
+    got = overlong_penalty(
+        torch.tensor([8]), max_len=np.int64(10), buffer_len=np.int32(4), penalty_factor=np.float32(2)
+    )
+    assert got.item() == -1.0
 
 
 def test_bad_lengths_are_refused():

@@ -35,20 +35,24 @@ With a 0/1 correctness reward (this project's; DAPO's is -1/+1) a correct respon
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 
 import torch
 from torch import Tensor
 
 
 def _check_lengths(max_len: int, buffer_len: int, penalty_factor: float) -> None:
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+    if isinstance(max_len, bool) or not isinstance(max_len, Integral) or max_len < 1:
         raise ValueError(f"overlong_penalty: max_len must be an int >= 1, got {max_len!r}")
-    if isinstance(buffer_len, bool) or not isinstance(buffer_len, int) or not 0 <= buffer_len <= max_len:
+    if isinstance(buffer_len, bool) or not isinstance(buffer_len, Integral) or not 0 <= buffer_len <= max_len:
         raise ValueError(
             f"overlong_penalty: buffer_len must be an int in [0, max_len={max_len}], got {buffer_len!r}"
         )
     if not (
-        isinstance(penalty_factor, (int, float)) and math.isfinite(penalty_factor) and penalty_factor >= 0
+        isinstance(penalty_factor, Real)
+        and not isinstance(penalty_factor, bool)
+        and math.isfinite(penalty_factor)
+        and penalty_factor >= 0
     ):
         raise ValueError(
             f"overlong_penalty: penalty_factor must be a finite number >= 0, got {penalty_factor!r}"
