@@ -103,6 +103,7 @@ def our_overrides(workload: dict, tmp: str) -> list[str]:
         f"reward.num_workers={REWARD_WORKERS}",
         "eval.size=0",
         "train.save_every=0",
+        "train.save_final=false",
         "log.progress=false",
     ]
 
@@ -115,7 +116,8 @@ def our_overrides(workload: dict, tmp: str) -> list[str]:
 def _ours_worker(args, workload: dict) -> dict:
     from tepo.config import load_config
     from tepo.rewards import MathRewardPool
-    from tepo.train import Trainer
+    from tepo.training import Trainer
+    from tepo.training.step import train_step
 
     with tempfile.TemporaryDirectory() as tmp:
         extra = OUR_VARIANTS[args.worker]
@@ -131,7 +133,7 @@ def _ours_worker(args, workload: dict) -> dict:
         ):
             for _ in range(workload["warmup"] + workload["steps"]):
                 cpu_start = time.process_time()
-                row = trainer.train_step(pool)
+                row = train_step(trainer, pool)
                 cpu = time.process_time() - cpu_start
                 trainer.step += 1
                 rows.append(

@@ -175,7 +175,7 @@ def test_nothing_intact_means_a_fresh_start(tmp_path):
 # Fast: a real process that checkpoints in a loop, SIGKILLed repeatedly (no model)
 # ------------------------------------------------------------------------------------------------------------
 
-# Follows the trainer's protocol (tepo.train.Trainer.run/restore): restore the newest intact checkpoint and cut
+# Follows the trainer's protocol (tepo.training.Trainer.run/restore): restore the newest intact checkpoint and cut
 # the metrics log back to it, then per step: append the metrics row, then save the checkpoint. The "model" is
 # 64 MB so that a save takes long enough to be hit; its weights after step s are all equal to s.
 _LOOP_DRIVER = textwrap.dedent(
@@ -289,7 +289,6 @@ STEPS = 4
 TRAIN_ARGS = [
     f"train.steps={STEPS}",
     "train.prompts_per_step=2",
-    "rollout.backend=hf",  # bit-exact resume is shown with HF generate (seeded torch sampling)
     "rollout.group_size=3",
     "rollout.max_new_tokens=8",
     "train.micro_batch_size=8",
@@ -325,12 +324,31 @@ def _tepo(args: list[str], log: Path) -> subprocess.Popen:
     )
 
 
+# Each rollout backend, as a user runs it. HF generate samples with seeded torch generators in the trainer's process.
+# The vLLM engine (a float32 engine here, so that its weights are bit-for-bit the trainer's) samples with a
+# per-request seed, and a resumed run starts a new engine from the checkpoint's weights: the same seeds over the
+# same weights give the same tokens, so the resumed run is bit-identical too.
+BACKENDS = {
+    "hf": ["rollout.backend=hf"],
+    "vllm": ["rollout.backend=vllm", "rollout.vllm_dtype=float32"],
+}
+
+
 @pytest.mark.slow
 @pytest.mark.model
-def test_sigkilled_training_resumes_to_the_uninterrupted_result(tmp_path, embedded_model_dir):
+@pytest.mark.parametrize("backend", list(BACKENDS))
+def test_sigkilled_training_resumes_to_the_uninterrupted_result(tmp_path, embedded_model_dir, backend):
+    if backend == "vllm":
+        from tepo.rollout.vllm import VLLMServerError, find_vllm_python
+
+        try:
+            find_vllm_python()
+        except VLLMServerError as err:
+            pytest.skip(f"vLLM is not installed: {err}")
+    train_args = [*TRAIN_ARGS, *BACKENDS[backend]]
     # The uninterrupted reference.
     straight = _tepo(
-        [f"train.output_dir={tmp_path}", "train.run_name=straight", *TRAIN_ARGS], tmp_path / "s.log"
+        [f"train.output_dir={tmp_path}", "train.run_name=straight", *train_args], tmp_path / "s.log"
     )
     assert straight.wait(timeout=1200) == 0, (tmp_path / "s.log").read_text()[-3000:]
 
@@ -348,7 +366,7 @@ def test_sigkilled_training_resumes_to_the_uninterrupted_result(tmp_path, embedd
         if (run_dir / "config.yaml").exists():
             proc = _tepo(["--resume", str(run_dir)], log)
         else:
-            proc = _tepo([f"train.output_dir={tmp_path}", "train.run_name=killed", *TRAIN_ARGS], log)
+            proc = _tepo([f"train.output_dir={tmp_path}", "train.run_name=killed", *train_args], log)
         mode = plan[attempt] if attempt < len(plan) else "none"
         if mode == "write":
             tmp = _wait_for_temporary(checkpoints, proc, timeout_s=600, poll_s=0.02)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tepo.config import load_config
-from tepo.train import train
+from tepo.training import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.model]
 

@@ -1,6 +1,6 @@
 """Numerical faults in training (issue 6): a step whose loss or gradient is NaN/inf is skipped and counted, never
 applied; after ``train.max_bad_steps`` such steps in a row the run stops with ``TrainingStopped`` and its last
-good checkpoint is intact. Faults are injected by wrapping ``tepo.train.compute_policy_loss``; everything else
+good checkpoint is intact. Faults are injected by wrapping ``tepo.training.update.compute_policy_loss``; everything else
 (the embedded model, rollout, reward pool, optimizer, checkpoints) is real."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import tepo.train
+import tepo.training.step
+import tepo.training.update
 from tepo.checkpoint import find_latest_checkpoint
 from tepo.config import load_config
 from tepo.metrics import read_metrics
-from tepo.train import Trainer, TrainingStopped
+from tepo.training import Trainer, TrainingStopped
 
 pytestmark = [pytest.mark.model, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -34,7 +35,7 @@ class _InfGradient(torch.autograd.Function):
 
 def inject(monkeypatch, faults: dict[int, str]) -> list[int]:
     """Make the n-th call (1-based) of the policy loss return a NaN loss ("nan") or an infinite gradient ("inf")."""
-    real = tepo.train.compute_policy_loss
+    real = tepo.training.update.compute_policy_loss
     calls = []
 
     def faulty(*args, **kwargs):
@@ -47,7 +48,7 @@ def inject(monkeypatch, faults: dict[int, str]) -> list[int]:
             loss = _InfGradient.apply(loss)
         return loss, metrics
 
-    monkeypatch.setattr(tepo.train, "compute_policy_loss", faulty)
+    monkeypatch.setattr(tepo.training.update, "compute_policy_loss", faulty)
     return calls
 
 
@@ -80,18 +81,18 @@ def _same(a: dict, b: dict) -> bool:
 
 def _spy_on_updates(monkeypatch) -> dict[int, dict]:
     """Copies of the weights and optimizer state as each step's update begins, by step (1-based)."""
-    real = Trainer._update
+    real = tepo.training.step.update_policy
     seen = {}
 
-    def spy(self, *args, **kwargs):
-        seen[self.step + 1] = {
-            "weights": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
-            "grads_alive": sum(p.grad is not None for p in self.model.parameters()),
+    def spy(model, optimizer, *args, **kwargs):
+        seen[len(seen) + 1] = {
+            "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+            "optimizer": copy.deepcopy(optimizer.state_dict()),
+            "grads_alive": sum(p.grad is not None for p in model.parameters()),
         }
-        return real(self, *args, **kwargs)
+        return real(model, optimizer, *args, **kwargs)
 
-    monkeypatch.setattr(Trainer, "_update", spy)
+    monkeypatch.setattr(tepo.training.step, "update_policy", spy)
     return seen
 
 

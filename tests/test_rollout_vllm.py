@@ -330,6 +330,7 @@ def test_a_training_run_with_vllm_syncs_after_every_update_and_stops_its_server(
             "eval.samples=0",
             "train.micro_batch_size=6",
             "train.save_every=0",
+            "train.save_final=false",
             "reward.num_workers=1",
             "log.progress=false",
             "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the rewards

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from tepo.config import load_config
 from tepo.metrics import read_metrics
-from tepo.train import resume, train
+from tepo.training import resume, train
 
 pytestmark = pytest.mark.model
 
@@ -62,7 +62,7 @@ def tiny(tmp_path, *extra):
             "eval.size=2",
             "train.micro_batch_size=4",
             "train.save_every=1",
-            "train.keep_checkpoints=1",  # the tests read only the last one; each is 1.6 GB of disk
+            "train.keep_last=1",  # the tests read only the last one; each is 1.6 GB of disk
             "reward.num_workers=1",
             "log.progress=false",
             *extra,

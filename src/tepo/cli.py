@@ -16,7 +16,7 @@ def _cmd_train(args) -> int:
     from tepo.config import load_config
     from tepo.metrics import read_metrics
     from tepo.report import plot_training_curves, training_summary_table
-    from tepo.train import resume, train
+    from tepo.training import resume, train
 
     _quiet_transformers()
     if args.resume:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as err:
         from tepo.checkpoint import CheckpointError
-        from tepo.train import TrainingStopped
+        from tepo.training import TrainingStopped
 
         if not isinstance(err, (TrainingStopped, CheckpointError)):
             raise

@@ -71,6 +71,9 @@ class RolloutConfig:
     vllm_kv_cache_gb: float | None = 0.25  # None: vLLM sizes it (on GPU from its gpu_memory_utilization)
     # Prompt + response tokens the engine accepts (None: min(model's, 4096)).
     vllm_max_model_len: int | None = None
+    # 0: sample, then update (on-policy up to the engine's numerics). 1: sample step k+1's batch in the background
+    # while step k's update runs (one policy version behind; needs an engine in a process of its own, vllm).
+    async_steps: int = 0
 
 
 @dataclass
@@ -432,6 +435,7 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(f"reward.timeout_s: must be > 0, got {c.reward.timeout_s}")
     errors += _reward_errors(c)
     errors += rollout_config_errors(c.rollout)  # backend name and each backend's own keys
+    errors += _async_errors(c.rollout)
     if c.model.train_attention not in ("auto", "eager", "sdpa", "model"):
         errors.append(
             f"model.train_attention: expected auto, eager, sdpa or model, got {c.model.train_attention!r}"
@@ -532,6 +536,29 @@ def _advantage_errors(c: RunConfig) -> list[str]:
             f"would silently do nothing.{fix}"
         )
     return errors
+
+
+def _async_errors(rollout: RolloutConfig) -> list[str]:
+    if rollout.async_steps not in (0, 1):
+        return [
+            f"rollout.async_steps: expected 0 (sample, then update) or 1 (sample the next batch during the "
+            f"update), got {rollout.async_steps!r}"
+        ]
+    if not rollout.async_steps:
+        return []
+    from tepo.rollout.registry import choose_rollout_backend, rollout_backend_class
+
+    try:
+        name, why = choose_rollout_backend(rollout)
+    except ValueError:
+        return []  # an unknown backend name is reported by rollout_config_errors
+    if rollout_backend_class(name).overlaps_training:
+        return []
+    return [
+        f"rollout.async_steps: 1 samples while the model trains, which needs a rollout backend in a process of its "
+        f"own (vllm); rollout.backend={rollout.backend} gives {name} ({why}), which samples from the trainer's "
+        "own model and cannot overlap"
+    ]
 
 
 def _rollout_correction_errors(algo: AlgorithmConfig) -> list[str]:

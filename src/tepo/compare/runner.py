@@ -28,7 +28,7 @@ What "identical settings" means here, and how it is checked:
 
 Reuse: a run with ``summary.json`` is finished and reused (its saved config must equal the planned one); a run
 with a config but no summary was interrupted and is resumed from its last intact checkpoint
-(``tepo.train.resume``); without an intact checkpoint its partial metrics are moved aside and it restarts.
+(``tepo.training.resume``); without an intact checkpoint its partial metrics are moved aside and it restarts.
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def prompt_schedule_digest(config: RunConfig) -> str:
     Uses the trainer's own ``load_datasets`` and ``PromptStream``, so it is the schedule the run will follow.
     """
     from tepo.data import PromptStream
-    from tepo.train import load_datasets
+    from tepo.training.datasets import load_datasets
 
     train_problems, held_out = load_datasets(config)
     stream = PromptStream(train_problems, seed=config.train.seed)
@@ -298,7 +298,7 @@ def _eval_key(config: RunConfig) -> str:
 
 def _share_eval_before(plan: ComparisonPlan, spec: RunSpec) -> None:
     """Copy an identical run's ``eval_before.json`` into ``spec.run_dir`` (see the module docstring)."""
-    from tepo.train import EVAL_BEFORE
+    from tepo.training import EVAL_BEFORE
 
     target = spec.run_dir / EVAL_BEFORE
     if target.exists():

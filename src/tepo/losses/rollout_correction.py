@@ -47,6 +47,9 @@ import torch
 
 ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "mis", "seq_tis", "seq_mask")
 AUTO = "auto"
+# Modes that drop tokens (keep may be False on a valid token): the dropped tokens leave the loss's token counts,
+# so a trainer must know them before a mini-batch's counts are taken, i.e. from a pass before the update.
+DROPPING_CORRECTIONS: tuple[str, ...] = ("mis", "seq_mask")
 # What ``auto`` turns on where the sampler is another engine (vLLM): token-level TIS with C = 2, the correction
 # of Yao et al. and verl's ``decoupled_token_is()`` preset.
 AUTO_ROLLOUT_CORRECTION = "tis"

@@ -112,6 +112,23 @@ class RolloutBackend(Protocol):
         """Called by the trainer after every change of the model's weights (an engine with its own copy resyncs)."""
         ...
 
+    # True for an engine in a process of its own, which can sample while the trainer updates the model
+    # (``rollout.async_steps``); False for one that samples from the trainer's own model object.
+    overlaps_training: bool
+
+    def stage_weights(self) -> float:
+        """Take the copy of the model's weights that the next ``generate`` samples from, now; seconds spent.
+
+        For a ``generate`` that runs in another thread while the trainer changes the model: the copy is made in
+        the training thread before the update starts, and that ``generate`` then loads it without reading the
+        model. A backend without an engine of its own has nothing to copy (returns 0.0).
+        """
+        ...
+
+    def end_staging(self) -> None:
+        """After the background ``generate`` calls: sync from the model again before each ``generate``."""
+        ...
+
     def close(self) -> None:
         """Release what the backend started (the vLLM server process); safe to call twice."""
         ...

@@ -95,8 +95,17 @@ class HFRollout:
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.last_sync_seconds = None  # no engine of its own: nothing is ever synced
 
+    overlaps_training = False  # it samples from the trainer's own model object, in the trainer's process
+
     def weights_updated(self) -> None:
         """Nothing to do: this backend samples from the trainer's own model object."""
+
+    def stage_weights(self) -> float:
+        """Nothing to copy: this backend samples from the trainer's own model object."""
+        return 0.0
+
+    def end_staging(self) -> None:
+        """Nothing to do (see :meth:`stage_weights`)."""
 
     def close(self) -> None:
         """Nothing to release (the model belongs to the caller)."""

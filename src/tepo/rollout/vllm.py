@@ -194,6 +194,8 @@ class VLLMRollout:
         self._log_path = Path(log_path) if log_path else default_log
         self._synced_version = _weights_version(model)
         self._stale = False
+        self._use_staged = False  # the next generate loads the staged copy (stage_weights), not the model
+        self._staged_version = None
         write_weights(model, self._weights_dir, getattr(torch, dtype))
         if max_model_len is None:
             # Longer contexts need a larger KV budget (vLLM refuses to start if one full-length sequence does not
@@ -359,8 +361,43 @@ class VLLMRollout:
         """Tell the backend the model's weights changed; the next ``generate`` sends them to the engine first."""
         self._stale = True
 
+    overlaps_training = True  # the engine runs in a process of its own (rollout.async_steps)
+
+    def stage_weights(self) -> float:
+        """Write the model's weights for the engine now, if they changed; until :meth:`end_staging`, ``generate``
+        samples from this copy and does not look at the model (which may be mid-update in another thread by
+        then). Seconds spent."""
+        start = time.perf_counter()
+        version = _weights_version(self.model)
+        if self._stale or version != self._synced_version:
+            write_weights(self.model, self._weights_dir, getattr(torch, self.dtype))
+            self._staged_version = version
+        self._stale = False
+        self._use_staged = True
+        return time.perf_counter() - start
+
+    def end_staging(self) -> None:
+        """Back to syncing from the model before each ``generate`` (the background rollout has finished)."""
+        self._use_staged = False
+
     def sync_weights(self, force: bool = False) -> bool:
-        """Send the model's weights to the engine if they changed since the last sync; True if it did."""
+        """Send the model's weights to the engine if they changed since the last sync; True if it did.
+
+        After :meth:`stage_weights`, only the staged copy is loaded (if one was written) and the model is not read.
+        """
+        if self._use_staged:
+            # Every generate of the background rollout (dynamic sampling may draw several rounds) samples the
+            # staged copy; only the first loads it.
+            version, self._staged_version = self._staged_version, None
+            if version is None:
+                return False
+            start = time.perf_counter()
+            self._call({"cmd": "reload", "path": str(self._weights_dir)})
+            self._drop_weights_file()
+            self._synced_version = version
+            self.last_sync_seconds = time.perf_counter() - start
+            self.sync_count += 1
+            return True
         version = _weights_version(self.model)
         if not (force or self._stale or version != self._synced_version):
             return False

@@ -1,0 +1,166 @@
+"""Phases 1-2 of a step: sample G responses per prompt, score them, and (dynamic sampling) refill the batch.
+
+A plain function of its parts (rollout backend, prompt stream, reward pool), so a test can call it alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from tepo.advantages import filter_groups
+from tepo.batch import concat_rollouts, select_rollout_rows
+from tepo.data import Problem, PromptStream, build_prompt_ids
+from tepo.rewards.shaping import overlong_penalty
+from tepo.rollout.base import RolloutBatch
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """What the rollout is asked for: G samples per prompt under the training sampler."""
+
+    group_size: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    instruction: str
+    return_logprobs: bool = False  # the sampler's own log-probs of the sampled tokens (off-policy metrics)
+
+
+@dataclass(frozen=True)
+class OverlongShaping:
+    """DAPO's soft overlong punishment (``tepo.rewards.shaping.overlong_penalty``) added to the rewards."""
+
+    max_len: int
+    buffer_len: int
+    penalty_factor: float
+
+
+@dataclass
+class Collected:
+    """A step's training batch: rows grouped by prompt (G contiguous rows each), with verified rewards."""
+
+    batch: RolloutBatch | None  # None when dynamic sampling kept no group
+    rewards: Tensor | None  # what the advantages are computed from: correctness plus any reward shaping
+    statuses: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    metrics: dict = field(default_factory=dict)
+
+
+def sample(
+    rollout, tokenizer, problems: Sequence[Problem], settings: SamplerSettings, seed: int
+) -> RolloutBatch:
+    """G responses for each problem, prompts chat-formatted with the run's instruction."""
+    prompt_ids = build_prompt_ids(tokenizer, problems, settings.instruction)
+    kwargs = {"return_logprobs": True} if settings.return_logprobs else {}
+    return rollout.generate(
+        prompt_ids,
+        num_samples=settings.group_size,
+        max_new_tokens=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        seed=seed,
+        **kwargs,
+    )
+
+
+def collect_rollouts(
+    rollout,
+    tokenizer,
+    stream: PromptStream,
+    pool,
+    settings: SamplerSettings,
+    *,
+    prompts: int,
+    seed: int,
+    dynamic_sampling: bool = False,
+    max_resample_rounds: int = 0,
+    overlong: OverlongShaping | None = None,
+) -> Collected:
+    """Sample and score ``prompts`` prompts; with dynamic sampling, drop all-equal groups and refill.
+
+    Round ``r`` samples with seed ``seed + r``. Dynamic sampling (DAPO; TEPO Eq. 10) keeps only groups whose
+    rewards differ and draws up to ``max_resample_rounds`` more prompt batches until ``prompts`` groups are kept;
+    the batch is then cut to exactly ``prompts`` groups (DAPO trains on the batch size when refills overshoot).
+    Reward metrics describe the first round only: later rounds are a biased refill.
+
+    With ``overlong`` shaping the returned rewards are correctness plus the length penalty, while dynamic
+    sampling still keeps or drops a group by its correctness rewards (verl's DAPO filters on ``acc``): a group
+    that is all wrong stays uninformative about correctness however its lengths differ. ``reward_mean`` and
+    ``accuracy`` stay correctness, so runs with and without shaping compare on the same scale.
+    """
+    g = settings.group_size
+    kept_batches, kept_rewards, kept_status, kept_problems = [], [], [], []
+    stats = defaultdict(float)
+    rounds = 1 + (max_resample_rounds if dynamic_sampling else 0)
+    first_rewards = None
+    for round_index in range(rounds):
+        problems = stream.take(prompts)
+        batch = sample(rollout, tokenizer, problems, settings, seed + round_index)
+        answers = [p.answer for p in problems for _ in range(g)]
+        start = time.perf_counter()
+        verdicts = pool.score(batch.texts, answers)
+        stats["reward_seconds"] += time.perf_counter() - start
+        stats["gen_seconds"] += batch.gen_seconds
+        stats["gen_tokens"] += batch.num_generated_tokens
+        rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float32)
+        shaped = rewards
+        if overlong is not None:
+            penalty = overlong_penalty(
+                batch.response_lengths,
+                max_len=overlong.max_len,
+                buffer_len=overlong.buffer_len,
+                penalty_factor=overlong.penalty_factor,
+            )
+            shaped = rewards + penalty
+            stats["overlong_penalty_sum"] += float(penalty.sum())
+            stats["overlong_penalty_rows"] += len(penalty)
+        if first_rewards is None:
+            first_rewards = rewards
+        stats["reward_timeouts"] += sum(v.status == "timeout" for v in verdicts)
+        stats["reward_errors"] += sum(v.status == "error" for v in verdicts)
+        stats["no_answer"] += sum(v.status == "no_answer" for v in verdicts)
+        stats["rounds"] += 1
+        if dynamic_sampling:
+            result = filter_groups(rewards, g)
+            stats["groups_total"] += result.metrics["groups_total"]
+            stats["groups_dropped"] += result.metrics["groups_total"] - result.metrics["groups_kept"]
+            keep_rows = result.keep_mask.nonzero().squeeze(1)
+            if len(keep_rows):
+                kept_batches.append(select_rollout_rows(batch, keep_rows))
+                kept_rewards.append(shaped[keep_rows])
+                kept_status += [verdicts[i].status for i in keep_rows.tolist()]
+                kept_problems += [problems[int(i) // g] for i in keep_rows[::g].tolist()]
+        else:
+            kept_batches.append(batch)
+            kept_rewards.append(shaped)
+            kept_status += [v.status for v in verdicts]
+            kept_problems += problems
+        if sum(len(r) for r in kept_rewards) >= prompts * g:
+            break
+    stats["reward_mean"] = float(first_rewards.mean())
+    stats["reward_std"] = float(first_rewards.std()) if len(first_rewards) > 1 else 0.0
+    stats["accuracy"] = float((first_rewards > 0.5).float().mean())
+    if overlong is not None:
+        stats["overlong_penalty_mean"] = stats.pop("overlong_penalty_sum") / stats.pop(
+            "overlong_penalty_rows"
+        )
+    stats["frac_groups_dropped"] = (
+        stats["groups_dropped"] / stats["groups_total"] if stats["groups_total"] else 0.0
+    )
+    if not kept_batches:
+        return Collected(batch=None, rewards=None, metrics=dict(stats))
+    batch = concat_rollouts(kept_batches, rollout.pad_token_id)
+    rewards = torch.cat(kept_rewards)
+    limit = prompts * g
+    if len(rewards) > limit:
+        batch = select_rollout_rows(batch, torch.arange(limit))
+        rewards, kept_status, kept_problems = rewards[:limit], kept_status[:limit], kept_problems[:prompts]
+    return Collected(
+        batch=batch, rewards=rewards, statuses=kept_status, problems=kept_problems, metrics=dict(stats)
+    )

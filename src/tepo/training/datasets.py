@@ -1,0 +1,43 @@
+"""The training and held-out problems of a run, loaded and validated before any model is."""
+
+from __future__ import annotations
+
+from tepo.config import ConfigError, RunConfig
+from tepo.data import PROCEDURAL_TASKS, Problem, load_problems
+from tepo.evaluate.benchmarks import benchmark_names, resolve_benchmark
+
+
+def load_datasets(config: RunConfig) -> tuple[list[Problem], list[Problem]]:
+    """``(train, held_out)``: the held-out set is ``eval.source`` (a benchmark name or a file), else the test split
+    of a procedural task, else the last ``eval.size`` training problems."""
+    d = config.data
+    train = load_problems(
+        d.source,
+        problem_field=d.problem_field,
+        answer_field=d.answer_field,
+        split=d.split,
+        limit=d.limit,
+        seed=config.train.seed,
+    )
+    if config.eval.size == 0:
+        return train, []
+    if config.eval.source in benchmark_names():
+        held_out = resolve_benchmark(config.eval.source)[: config.eval.size]  # math500, gsm8k, aime24, ...
+    elif config.eval.source:
+        held_out = load_problems(
+            config.eval.source,
+            problem_field=d.problem_field,
+            answer_field=d.answer_field,
+            split="test",
+            limit=config.eval.size,
+        )
+    elif d.source in PROCEDURAL_TASKS:
+        held_out = load_problems(d.source, split="test", limit=config.eval.size, seed=config.train.seed)
+    else:
+        if len(train) <= config.eval.size:
+            raise ConfigError(
+                f"data.source has {len(train)} problems, too few to hold out eval.size={config.eval.size}; "
+                "set eval.source or a smaller eval.size"
+            )
+        train, held_out = train[: -config.eval.size], train[-config.eval.size :]
+    return train, held_out

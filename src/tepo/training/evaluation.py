@@ -1,0 +1,70 @@
+"""Held-out evaluation during training: greedy accuracy and (``eval.samples`` > 0) sampled accuracy.
+
+On a named benchmark (``eval.source=math500``...) the held-out problems are judged by that benchmark's protocol,
+as ``tepo eval`` judges them (its instruction asking for a boxed answer, ``boxed`` answer extraction), so the
+numbers of a run and of ``tepo eval`` on the same model and token budget agree. On the training task's own
+held-out split the training prompt format and answer format are used.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+from tepo.config import RunConfig
+from tepo.data import Problem
+from tepo.evaluate import accuracy, score_problems
+from tepo.evaluate.benchmarks import benchmark_names
+from tepo.evaluate.settings import BENCHMARK_INSTRUCTION, DEFAULT_ANSWER_FORMAT
+
+
+def held_out_protocol(config: RunConfig) -> dict:
+    """The prompt instruction and answer format the held-out problems are judged with (see the module doc)."""
+    if config.eval.source in benchmark_names():
+        return {"instruction": BENCHMARK_INSTRUCTION, "answer_format": DEFAULT_ANSWER_FORMAT}
+    return {
+        "instruction": config.data.instruction,
+        "answer_format": None,
+    }  # None: the reward pool's own format
+
+
+def evaluate_held_out(rollout, tokenizer, problems: Sequence[Problem], pool, config: RunConfig) -> dict:
+    """``eval_greedy_accuracy``, ``eval_sampled_accuracy`` and ``eval_seconds`` on ``problems``, with a bar."""
+    from tqdm.auto import tqdm
+
+    e, r = config.eval, config.rollout
+    if not problems:
+        return {}
+    common = dict(
+        **held_out_protocol(config),
+        max_new_tokens=e.max_new_tokens or r.max_new_tokens,
+        seed=10_000 + config.train.seed,
+    )
+    passes = [("greedy", {"greedy": True})]
+    if e.samples:
+        passes.append(("sampled", {"num_samples": e.samples, "temperature": e.temperature, "top_p": r.top_p}))
+    out = {}
+    start = time.perf_counter()
+    with tqdm(
+        total=len(problems) * len(passes),
+        desc="eval",
+        unit="problem",
+        disable=not config.log.progress,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        leave=False,
+    ) as bar:
+        for name, kwargs in passes:
+            results = score_problems(
+                rollout,
+                tokenizer,
+                problems,
+                pool,
+                **common,
+                **kwargs,
+                on_batch=lambda chunk: bar.update(len(chunk)),
+            )
+            out[f"eval_{name}_accuracy"] = accuracy(results)
+    out["eval_seconds"] = time.perf_counter() - start
+    return out

@@ -1,0 +1,67 @@
+"""Rollouts overlapped with the update (``rollout.async_steps=1``): one step off-policy.
+
+While step k's update runs in the training thread, step k+1's batch is sampled (by an engine in a process of its
+own) and scored (by the reward pool's worker processes) from a background thread. The engine then samples from
+the weights as they were before step k's update: one policy version behind (``policy_lag`` 1). The trainer's
+``pi_old`` is still its own pre-update forward pass, so the rollout correction (``algorithm.rollout_correction``)
+covers the whole sampler/trainer gap, staleness included.
+
+Order is what keeps a run reproducible: step k's prompts are taken from the stream before step k+1's, the
+weights step k+1 samples from are copied in the training thread (``stage_weights``) before the update changes
+them, and each batch's sampling seeds are those of its step, as in the synchronous loop.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from tepo.training.collect import Collected
+from tepo.training.step import collect_step
+
+
+class RolloutPrefetch:
+    """At most one batch in flight, sampled for a known step in a background thread."""
+
+    def __init__(self, trainer, pool):
+        self.trainer, self.pool = trainer, pool
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tepo-rollout")
+        self._future: Future | None = None
+        self._step: int | None = None
+        # The prompt stream's position before the in-flight batch took its prompts: what a checkpoint records, so
+        # that a resumed run samples that batch again instead of skipping its prompts.
+        self.stream_state: dict | None = None
+
+    def start(self, step: int) -> float:
+        """Sample and score step ``step``'s batch in the background; returns the seconds the weight copy took."""
+        if self._future is not None:
+            raise RuntimeError("a rollout is already in flight")
+        self.stream_state = self.trainer.stream.state_dict()
+        copy_seconds = self.trainer.rollout.stage_weights()
+        self._step = step
+        self._future = self._executor.submit(collect_step, self.trainer, self.pool, step)
+        return copy_seconds
+
+    def take(self, step: int) -> Collected | None:
+        """The batch sampled for ``step`` (waiting for it), or None when none is in flight for that step."""
+        if self._future is None or self._step != step:
+            return None
+        start = time.perf_counter()
+        future, self._future, self._step, self.stream_state = self._future, None, None, None
+        try:
+            collected = future.result()
+        finally:
+            self.trainer.rollout.end_staging()
+        collected.metrics["rollout_wait_seconds"] = time.perf_counter() - start
+        collected.metrics["policy_lag"] = 1
+        return collected
+
+    def settle(self) -> None:
+        """Wait until the in-flight batch (if any) is done, keeping it for ``take``: the engine is then idle (for
+        an evaluation) and the stream no longer moves."""
+        if self._future is not None:
+            self._future.exception()  # waits; an error surfaces at take()
+            self.trainer.rollout.end_staging()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,175 @@
+"""One training step, top to bottom: sample -> score -> old/ref log-probs -> advantages -> off-policy correction
+-> update -> mismatch metrics -> record.
+
+Each phase is a plain function of its parts (``collect_rollouts``, ``batch_logprobs``, ``compute_advantages``,
+``update_policy``, ``record_rollout_tokens``); this module only puts them in order and times them. The trainer
+(``tepo.training.trainer``) owns everything around a step: set-up, evaluation, checkpoints, the metrics log.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+
+import torch
+
+from tepo.advantages import compute_advantages
+from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
+from tepo.report.tokens import record_rollout_tokens, response_token_strings
+from tepo.rewards.shaping import mask_truncated
+from tepo.training.collect import Collected, collect_rollouts
+from tepo.training.logprob_pass import batch_logprobs
+from tepo.training.schedule import advance_schedule
+from tepo.training.update import update_policy
+
+
+def step_seed(seed: int, step: int) -> int:
+    """Sampling seed of round 0 of ``step`` (round r uses this + r): a resumed run samples what it would have."""
+    return seed * 1_000_003 + step * 101
+
+
+def collect_step(trainer, pool, step: int) -> Collected:
+    """Phases 1-2 of step ``step + 1``: sample G responses per prompt from the rollout backend as it is now, and
+    verify them; dynamic sampling drops all-equal groups and refills. Runs in a background thread when rollouts
+    overlap the update (``tepo.training.overlap``)."""
+    c = trainer.config
+    return collect_rollouts(
+        trainer.rollout,
+        trainer.tokenizer,
+        trainer.stream,
+        pool,
+        trainer.sampler,
+        prompts=c.train.prompts_per_step,
+        seed=step_seed(c.train.seed, step),
+        dynamic_sampling=c.algorithm.dynamic_sampling,
+        max_resample_rounds=c.algorithm.max_resample_rounds,
+        overlong=trainer.overlong,
+    )
+
+
+def train_step(trainer, pool, collected: Collected | None = None) -> dict:
+    """Run step ``trainer.step + 1`` on ``collected`` (sampled now when None) and return its metrics row."""
+    c, parts = trainer.config, trainer
+    started = time.perf_counter()
+
+    # 1-2. Sample and score (unless an overlapped rollout already did, one policy version behind).
+    if collected is None:
+        collected = collect_step(trainer, pool, trainer.step)
+    row = {
+        "step": trainer.step + 1,
+        "policy_lag": 0,
+        **collected.metrics,
+    }  # lag 1: sampled during the last update
+    if collected.batch is None:
+        # No update this step; the LR schedule still follows steps, applied or not.
+        advance_schedule(parts.scheduler, parts.updates_per_step)
+        return row | {"skipped_update": 1, "skip_reason": "dynamic sampling kept no group"}
+    batch, rewards, mask = collected.batch, collected.rewards, collected.batch.response_mask
+    lengths = mask.sum(1)
+    row.update(
+        num_sequences=rewards.shape[0],
+        response_length_mean=float(lengths.mean()),
+        response_length_max=float(lengths.max()),
+        frac_truncated=float(batch.truncated.float().mean()),
+    )
+
+    # 3. Old-policy log-probs and entropy (skipped when the single update's own forward pass is the old policy)
+    #    and the reference policy's log-probs (KL penalty, reference-based estimators).
+    start = time.perf_counter()
+    old_logp = old_entropy = ref_logp = None
+    if parts.needs_old_pass:
+        old_logp, old_entropy = batch_logprobs(parts.model, batch, parts.logprob_settings, entropy=True)
+    if parts.ref_model is not None:
+        ref_logp, _ = batch_logprobs(parts.ref_model, batch, parts.logprob_settings, entropy=False)
+    logprob_seconds = time.perf_counter() - start
+    row["logprob_seconds"] = logprob_seconds
+    row["logprob_tokens_per_s"] = float(mask.sum()) / logprob_seconds if logprob_seconds > 0.01 else None
+
+    # 4. Advantages: the estimator is handed every tensor there is and takes what it declared it needs.
+    advantages = compute_advantages(
+        c.algorithm.advantage,
+        rewards,
+        c.rollout.group_size,
+        logp=old_logp,
+        old_logp=old_logp,
+        ref_logp=ref_logp,
+        entropy=old_entropy,
+        mask=mask,
+        **c.algorithm.advantage_options,
+    )
+
+    # 5. The loss mask, and the off-policy correction of the sampler/trainer gap: importance weights (and dropped tokens) from the
+    #    old-policy pass, or per micro-batch from the update's own forward pass when there is none.
+    #    DAPO's overlong filtering leaves truncated responses out of the loss (after their group statistics).
+    loss_mask = mask_truncated(mask, batch.truncated) if c.reward.overlong_filter else mask
+    is_weights, in_loop_correction = None, None
+    if parts.correction is not None:
+        if old_logp is not None:
+            is_weights, keep, _ = rollout_correction_weights(
+                old_logp, batch.rollout_logp, mask, mode=parts.correction.mode, **parts.correction.options
+            )
+            loss_mask = loss_mask * keep
+        else:
+            in_loop_correction = parts.correction
+
+    # 6. Update: ppo_epochs x mini-batches of gradient-accumulated micro-batches.
+    start = time.perf_counter()
+    update = update_policy(
+        parts.model,
+        parts.optimizer,
+        parts.scheduler,
+        batch,
+        advantages,
+        parts.update_settings,
+        parts.logprob_settings,
+        old_logp=old_logp,
+        old_entropy=old_entropy,
+        ref_logp=ref_logp,
+        generator=torch.Generator().manual_seed(c.train.seed * 7919 + trainer.step),
+        after_optimizer_step=parts.rollout.weights_updated,
+        loss_mask=loss_mask,
+        is_weights=is_weights,
+        correction=in_loop_correction,
+    )
+    update_seconds = time.perf_counter() - start
+    token_entropy, token_logp = update.pop("token_entropy"), update.pop("token_logp")
+    trainer_logp = old_logp if old_logp is not None else token_logp  # the pre-update policy, pi_old
+
+    # 7. How far the sampler was from the trainer's policy on this batch, and what the correction did.
+    if batch.rollout_logp is not None:
+        row.update(rollout_mismatch_metrics(trainer_logp, batch.rollout_logp, mask))
+        if parts.correction is not None:
+            row.update(
+                rollout_correction_weights(
+                    trainer_logp,
+                    batch.rollout_logp,
+                    mask,
+                    mode=parts.correction.mode,
+                    **parts.correction.options,
+                )[2]
+            )
+
+    # 8. Record a sample of tokens with their pre-update entropy and advantage (the report's token view).
+    if c.log.samples_every and (trainer.step + 1) % c.log.samples_every == 0:
+        record_rollout_tokens(
+            trainer.run_dir,
+            trainer.step + 1,
+            response_token_strings(parts.tokenizer, batch.response_ids, mask),
+            old_entropy if old_entropy is not None else token_entropy,
+            advantages,
+            mask,
+            rewards,
+            max_rows=c.log.samples_rows,
+        )
+
+    # 9. Metrics: the update's, throughput, memory.
+    row.update(update)
+    row["update_seconds"] = update_seconds
+    row["update_tokens_per_s"] = float(mask.sum()) * c.train.ppo_epochs / max(update_seconds, 1e-9)
+    row["gen_tokens_per_s"] = row["gen_tokens"] / max(row["gen_seconds"], 1e-9)
+    if getattr(parts.rollout, "last_sync_seconds", None) is not None:
+        row["rollout_sync_seconds"] = parts.rollout.last_sync_seconds  # included in gen_seconds
+    row["lr"] = parts.scheduler.get_last_lr()[0]
+    row["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    row["step_seconds"] = time.perf_counter() - started
+    return row

@@ -1,0 +1,427 @@
+"""The training recipe: set-up, the loop over steps, clean-up; checkpoints and resume.
+
+``Trainer(config, run_dir)`` builds every part of a run (data, model, reference model, rollout backend, optimizer,
+schedule, prompt stream); ``run()`` evaluates the initial policy, runs ``tepo.training.step.train_step`` until
+``train.steps``, logs one metrics row per step, checkpoints, evaluates the trained policy and writes a summary.
+
+Resume: sampling seeds are a function of (seed, step, round) and the prompt stream's position, the RNG state and
+the optimizer/schedule are checkpointed, so a resumed run repeats exactly what an uninterrupted one would do.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from tepo.advantages import estimator_requires
+from tepo.checkpoint import (
+    atomic_write_text,
+    find_latest_checkpoint,
+    load_checkpoint,
+    resume_without_optimizer_note,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    should_save,
+)
+from tepo.config import (
+    ConfigError,
+    RunConfig,
+    config_warnings,
+    load_config,
+    loss_options,
+    needs_reference_model,
+    save_config,
+)
+from tepo.data import PromptStream
+from tepo.losses import get_policy_loss
+from tepo.losses.rollout_correction import DROPPING_CORRECTIONS, resolve_rollout_correction
+from tepo.metrics import MetricsLog, read_metrics, truncate_metrics
+from tepo.rewards import MathRewardPool
+from tepo.training.collect import Collected, OverlongShaping, SamplerSettings
+from tepo.training.datasets import load_datasets
+from tepo.training.evaluation import evaluate_held_out
+from tepo.training.logprob_pass import LogprobSettings
+from tepo.training.overlap import RolloutPrefetch
+from tepo.training.schedule import lr_factor, updates_per_step
+from tepo.training.step import collect_step, train_step
+from tepo.training.update import RolloutCorrection, UpdateSettings
+
+EVAL_BEFORE = "eval_before.json"
+
+
+class TrainingStopped(RuntimeError):
+    """The run stopped on purpose (too many non-finite steps); the last good checkpoint is intact."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps_done: int
+    summary: dict
+
+
+def make_run_dir(config: RunConfig) -> Path:
+    name = config.train.run_name or f"{datetime.now():%Y%m%d-%H%M%S}-{config.algorithm.loss}"
+    run_dir = Path(config.train.output_dir) / name
+    if (run_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"run directory {run_dir} already holds a run; resume it with --resume {run_dir}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _enable_activation_checkpointing(model) -> None:
+    """Recompute each layer's activations in backward: less memory, same values (docs/performance.md).
+
+    Generation is unaffected: the rollout runs the model in eval mode.
+    """
+    if hasattr(model, "activation_checkpointing_enable"):  # the transformers 5 name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+class Trainer:
+    """One run's parts and its loop. ``__init__`` is the set-up, ``run`` the loop, its ``finally`` the clean-up."""
+
+    # ---- set-up ---------------------------------------------------------------------------------------------
+
+    def __init__(self, config: RunConfig, run_dir: Path, *, log=print):
+        from tepo.models import load_model_and_tokenizer
+        from tepo.rollout import make_rollout_from_config
+        from tepo.rollout.registry import choose_rollout_backend
+
+        c = self.config = config
+        self.run_dir = Path(run_dir)
+        self.log = log
+        for note in config_warnings(config):
+            log(f"note: {note}")
+        self.train_problems, self.eval_problems = load_datasets(config)
+        torch.manual_seed(c.train.seed)
+
+        self.model, self.tokenizer = load_model_and_tokenizer(
+            c.model.name, trust_remote_code=c.model.trust_remote_code
+        )
+        self.model.train()  # no dropout in the supported models; train() only for hooks that check it
+        if c.model.gradient_checkpointing:
+            _enable_activation_checkpointing(self.model)
+        self.ref_model = None
+        if needs_reference_model(c.algorithm):
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.rollout = make_rollout_from_config(
+            c.rollout, self.model, self.tokenizer, seed=c.train.seed, run_dir=self.run_dir, log=log
+        )
+        # Off-policy correction of the sampler/trainer gap (auto: on where another engine samples).
+        mode = resolve_rollout_correction(c, backend=choose_rollout_backend(c.rollout)[0])
+        self.correction = (
+            RolloutCorrection(mode, dict(c.algorithm.rollout_correction_options)) if mode != "none" else None
+        )
+        if self.correction is not None:
+            log(f"rollout correction: {mode} {self.correction.options or '(default thresholds)'}")
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=c.optim.lr,
+            betas=c.optim.betas,
+            weight_decay=c.optim.weight_decay,
+            fused=c.optim.fused,  # the same update as the for-loop kernel, less time and memory
+        )
+        self.updates_per_step = updates_per_step(c)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_factor(c, c.train.steps * self.updates_per_step)
+        )
+        self.stream = PromptStream(self.train_problems, seed=c.train.seed)
+
+        # How each phase of a step runs (read by tepo.training.step).
+        self.sampler = SamplerSettings(
+            group_size=c.rollout.group_size,
+            max_new_tokens=c.rollout.max_new_tokens,
+            temperature=c.rollout.temperature,
+            top_p=c.rollout.top_p,
+            instruction=c.data.instruction,
+            return_logprobs=True,  # the sampler's own log-probs: mismatch metrics and the correction
+        )
+        self.overlong = (
+            OverlongShaping(
+                c.rollout.max_new_tokens, c.reward.overlong_buffer, c.reward.overlong_penalty_factor
+            )
+            if c.reward.overlong_buffer
+            else None
+        )
+        self.logprob_settings = LogprobSettings(
+            micro_batch_size=c.train.micro_batch_size,
+            temperature=c.rollout.temperature,
+            autocast_bf16=c.model.autocast_bf16,
+            share_prompt_prefix=c.model.share_prompt_prefix,
+            train_attention=c.model.train_attention,
+        )
+        self.update_settings = UpdateSettings(
+            loss=c.algorithm.loss,
+            loss_options=loss_options(c.algorithm),
+            epochs=c.train.ppo_epochs,
+            mini_batch_groups=c.train.mini_batch_prompts or c.train.prompts_per_step,
+            group_size=c.rollout.group_size,
+            max_grad_norm=c.optim.max_grad_norm,
+            max_len=float(c.rollout.max_new_tokens),
+        )
+        # A separate pre-update pass is needed when the policy changes between updates of one rollout, or when the
+        # estimator reads the pre-update policy; otherwise the single update's own forward pass is the old policy
+        # (its ratio is exactly 1 in value, as in verl's on-policy shortcut).
+        # A correction that drops tokens must know them before the token counts are taken, and a loss with
+        # mini-batch statistics needs the pre-update log-probs of the whole mini-batch.
+        needs = estimator_requires(c.algorithm.advantage, c.algorithm.advantage_options)
+        self.needs_old_pass = (
+            self.updates_per_step > 1
+            or bool(needs & {"logp", "old_logp", "entropy"})
+            or mode in DROPPING_CORRECTIONS
+            or get_policy_loss(c.algorithm.loss).needs_batch_stats
+        )
+
+        self.step = 0
+        self.bad_steps_in_row = 0
+        self.reward_base = {"timeouts": 0, "parse_failures": 0}  # earlier processes' counters of this run
+        self._pool: MathRewardPool | None = None
+        self._prefetch: RolloutPrefetch | None = None  # rollout.async_steps=1: the batch sampled ahead
+        self.inexact_resume_at_step: int | None = None  # set when resumed without the optimizer's moments
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(),
+            # With a batch in flight, the stream has moved past prompts no finished step used: record the position
+            # before them, so a resumed run samples them again.
+            "stream": (
+                self._prefetch.stream_state
+                if self._prefetch is not None and self._prefetch.stream_state is not None
+                else self.stream.state_dict()
+            ),
+            "bad_steps_in_row": self.bad_steps_in_row,
+            "reward_totals": self.reward_totals(),
+        }
+
+    def reward_totals(self) -> dict:
+        """Timeouts and parse failures of the whole run: earlier processes' plus this process's pool."""
+        stats = self._pool.stats if self._pool is not None else None
+        return {
+            "timeouts": self.reward_base["timeouts"] + (stats.timeouts if stats else 0),
+            "parse_failures": self.reward_base["parse_failures"] + (stats.parse_failures if stats else 0),
+        }
+
+    def save(self) -> Path:
+        t = self.config.train
+        return save_checkpoint(
+            self.run_dir,
+            self.step,
+            self.model,
+            self.state_dict(),
+            t.keep_last,
+            save_optimizer=t.save_optimizer,
+        )
+
+    def restore(self) -> bool:
+        """Continue from the newest intact checkpoint (rows of later steps move to metrics.rolledback.jsonl)."""
+        checkpoint = find_latest_checkpoint(self.run_dir, warn=self.log)
+        if checkpoint is None:
+            moved = truncate_metrics(self.run_dir, 0)
+            if moved:
+                self.log(
+                    f"no intact checkpoint: starting from step 0 ({moved} metrics rows moved to "
+                    "metrics.rolledback.jsonl)"
+                )
+            return False
+        # A checkpoint saved without the optimizer's moments is refused (before any weight loads) unless the user
+        # acknowledged that such a resume is not exact.
+        note = resume_without_optimizer_note(checkpoint, self.config.train.resume_without_optimizer)
+        if note is not None:
+            self.log(f"note: {note}")
+            self.inexact_resume_at_step = checkpoint.step
+        state = load_checkpoint(checkpoint, self.model)
+        self.rollout.weights_updated()
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.stream.load_state_dict(state["stream"])
+        self.bad_steps_in_row = int(state["bad_steps_in_row"])
+        self.reward_base = {k: int(v) for k, v in state.get("reward_totals", self.reward_base).items()}
+        self.step = int(state["step"])
+        moved = truncate_metrics(self.run_dir, self.step)
+        note = f" ({moved} metrics rows of later steps moved to metrics.rolledback.jsonl)" if moved else ""
+        self.log(f"resumed from {checkpoint.path} at step {self.step}{note}")
+        return True
+
+    # ---- the loop -------------------------------------------------------------------------------------------
+
+    def _next_batch(self, pool) -> Collected | None:
+        """With overlapped rollouts: this step's batch (sampled during the last update, or now for a run's first
+        step), after starting the next step's in the background. None in the synchronous loop (the step samples)."""
+        if self._prefetch is None:
+            return None
+        collected = self._prefetch.take(self.step)
+        if collected is None:  # the first step of this process: nothing was sampled ahead
+            collected = collect_step(self, self._pool, self.step)
+        if self.step + 1 < self.config.train.steps:
+            copy_seconds = self._prefetch.start(self.step + 1)
+            collected.metrics["rollout_stage_seconds"] = copy_seconds
+        return collected
+
+    def evaluate(self, pool) -> dict:
+        return evaluate_held_out(self.rollout, self.tokenizer, self.eval_problems, pool, self.config)
+
+    def run(self) -> TrainResult:
+        c = self.config
+        resumed = self.restore()
+        metrics_log = MetricsLog(
+            self.run_dir,
+            tensorboard=c.log.tensorboard,
+            wandb=c.log.wandb,
+            wandb_project=c.log.wandb_project,
+            config=c.to_dict(),
+        )
+        progress = None
+        try:
+            with MathRewardPool(
+                num_workers=c.reward.num_workers,
+                timeout_s=c.reward.timeout_s,
+                answer_format=c.reward.answer_format,
+            ) as pool:
+                self._pool = pool
+                before = self._initial_evaluation(pool)
+                progress = _progress_bar(c, initial=self.step)
+                if c.rollout.async_steps:
+                    self._prefetch = RolloutPrefetch(self, pool)
+                while self.step < c.train.steps:
+                    row = train_step(self, pool, self._next_batch(pool))
+                    self.step += 1
+                    stop = self._count_bad_step(row)
+                    if (
+                        stop is None
+                        and c.eval.every
+                        and self.step % c.eval.every == 0
+                        and self.step < c.train.steps
+                    ):
+                        if self._prefetch is not None:
+                            self._prefetch.settle()  # the engine is needed for the evaluation
+                        row.update(self.evaluate(pool))
+                    row["bad_steps_in_row"] = self.bad_steps_in_row
+                    totals = self.reward_totals()
+                    row["reward_timeouts_total"] = totals["timeouts"]
+                    row["reward_parse_failures"] = totals["parse_failures"]
+                    metrics_log.append(row)  # the stopping step is logged too; it writes no checkpoint
+                    if stop is not None:
+                        raise stop
+                    if should_save(self.step, c.train.steps, c.train.save_every, c.train.save_final):
+                        self.save()
+                    progress.update(1)
+                    progress.set_postfix(
+                        reward=f"{row['reward_mean']:.2f}",
+                        entropy=f"{row.get('entropy_mean', float('nan')):.2f}",
+                        s_per_step=f"{row.get('step_seconds', 0):.1f}",
+                    )
+                progress.close()
+                if self.eval_problems:
+                    self.log("evaluating the trained policy")
+                after = self.evaluate(pool)
+        finally:  # clean-up
+            if self._prefetch is not None:
+                self._prefetch.close()
+            if progress is not None:
+                progress.close()
+            metrics_log.close()
+            self.rollout.close()  # the vLLM backend's server process
+        summary = summarize(self.run_dir, before, after)
+        if self.inexact_resume_at_step is not None:
+            summary["resumed_without_optimizer_at_step"] = self.inexact_resume_at_step
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
+        if resumed:
+            summary["resumed"] = True
+        return TrainResult(run_dir=self.run_dir, steps_done=self.step, summary=summary)
+
+    def _initial_evaluation(self, pool) -> dict:
+        """The initial policy's held-out scores, computed once per run (a resumed run reads them back)."""
+        before_path = self.run_dir / EVAL_BEFORE
+        if before_path.exists():
+            return json.loads(before_path.read_text())
+        if self.eval_problems:
+            self.log(f"evaluating the initial policy on {len(self.eval_problems)} held-out problems")
+        before = self.evaluate(pool)
+        atomic_write_text(before_path, json.dumps(before))
+        return before
+
+    def _count_bad_step(self, row: dict) -> TrainingStopped | None:
+        """Count steps with no applied update in a row; the error to raise (after logging) at the limit."""
+        if row.get("skipped_updates") and not row.get("optimizer_updates"):
+            self.bad_steps_in_row += 1
+        else:
+            self.bad_steps_in_row = 0
+        if self.bad_steps_in_row >= self.config.train.max_bad_steps:
+            return TrainingStopped(
+                f"{self.bad_steps_in_row} steps in a row had a non-finite loss or gradient and were not applied; "
+                f"stopping. The last good checkpoint in {self.run_dir / 'checkpoints'} is intact."
+            )
+        return None
+
+
+def _progress_bar(config: RunConfig, initial: int):
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=config.train.steps,
+        initial=initial,
+        desc="train",
+        unit="step",
+        disable=not config.log.progress,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
+
+
+def summarize(run_dir: Path, before: dict, after: dict) -> dict:
+    """The run's headline numbers: held-out scores before/after, reward and entropy trends, median step time."""
+    rows = read_metrics(Path(run_dir) / "metrics.jsonl")
+    rewards = [r["reward_mean"] for r in rows if isinstance(r.get("reward_mean"), int | float)]
+    third = max(1, len(rewards) // 3)
+    step_times = [r["step_seconds"] for r in rows if isinstance(r.get("step_seconds"), int | float)]
+    entropies = [r["entropy_mean"] for r in rows if isinstance(r.get("entropy_mean"), int | float)]
+    return {
+        "steps": len(rows),
+        "before": before,
+        "after": after,
+        "reward_first_third": sum(rewards[:third]) / third if rewards else None,
+        "reward_last_third": sum(rewards[-third:]) / third if rewards else None,
+        "entropy_first": entropies[0] if entropies else None,
+        "entropy_last": entropies[-1] if entropies else None,
+        "seconds_per_step_median": sorted(step_times)[len(step_times) // 2] if step_times else None,
+    }
+
+
+def train(config: RunConfig, *, run_dir: Path | None = None, log=print) -> TrainResult:
+    """Start a new run (or continue ``run_dir`` if it holds one)."""
+    if run_dir is None:
+        run_dir = make_run_dir(config)
+        # A new run: write its config even over one left by a start that failed (bad data, a refused model),
+        # or a later --resume would use the failed command's settings.
+        save_config(config, run_dir / "config.yaml")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not (run_dir / "config.yaml").exists():
+        save_config(config, run_dir / "config.yaml")
+    return Trainer(config, run_dir, log=log).run()
+
+
+def resume(run_dir: Path, overrides: list[str] | None = None, *, log=print) -> TrainResult:
+    """Continue a run from its last intact checkpoint, with its saved config (plus overrides, e.g. more steps)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+    config = load_config(str(run_dir / "config.yaml"), overrides)
+    if overrides:
+        save_config(config, run_dir / "config.yaml")
+    return Trainer(config, run_dir, log=log).run()

@@ -1,0 +1,275 @@
+"""The training step's phases called on their own: mini-batch order, sample+score with dynamic-sampling refill,
+and the batch assembly helpers they use. The verifier is the real reward pool; the rollout is a scripted backend
+(the phase under test is the bookkeeping around generation, not generation itself)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tepo.batch import concat_rollouts, select_rollout_rows, trim_columns
+from tepo.data import Problem, PromptStream
+from tepo.rewards import MathRewardPool
+from tepo.rollout.base import RolloutBatch
+from tepo.training.collect import OverlongShaping, SamplerSettings, collect_rollouts
+from tepo.training.update import minibatch_rows
+
+# --------------------------------------------------------------------------------------------------------------
+# Mini-batch order
+# --------------------------------------------------------------------------------------------------------------
+
+
+def test_one_epoch_keeps_rollout_order_and_draws_no_randomness():
+    gen = torch.Generator().manual_seed(3)
+    state = gen.get_state()
+    out = list(minibatch_rows(3, 2, epochs=1, mini_batch_groups=2, generator=gen))
+    assert [(e, r.tolist()) for e, r in out] == [(0, [0, 1, 2, 3]), (0, [4, 5])]
+    assert torch.equal(gen.get_state(), state)
+
+
+def test_several_epochs_shuffle_whole_groups_once_per_epoch():
+    out = list(
+        minibatch_rows(4, 3, epochs=3, mini_batch_groups=2, generator=torch.Generator().manual_seed(0))
+    )
+    assert [e for e, _ in out] == [0, 0, 1, 1, 2, 2]
+    orders = []
+    for epoch in range(3):
+        rows = torch.cat([r for e, r in out if e == epoch])
+        assert sorted(rows.tolist()) == list(range(12)), "each epoch covers every row exactly once"
+        groups = rows.view(-1, 3)
+        assert torch.equal(groups - groups[:, :1], torch.arange(3).expand(4, 3)), (
+            "a group's rows stay together"
+        )
+        orders.append((groups[:, 0] // 3).tolist())
+    # The same generator seed gives the same order; the epochs are drawn, not all rollout order.
+    again = list(
+        minibatch_rows(4, 3, epochs=3, mini_batch_groups=2, generator=torch.Generator().manual_seed(0))
+    )
+    assert all(torch.equal(a[1], b[1]) for a, b in zip(out, again))
+    assert orders != [[0, 1, 2, 3]] * 3
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Sample + score + dynamic-sampling refill
+# --------------------------------------------------------------------------------------------------------------
+
+
+class _CharTokenizer:
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(ch) % 50 + 1 for ch in text[:6]]}
+
+
+class _ScriptedRollout:
+    """Returns, call by call, the scripted response texts (one list of N texts per call)."""
+
+    pad_token_id = 0
+
+    def __init__(self, script: list[list[str]]):
+        self.script = list(script)
+        self.seeds: list[int] = []
+
+    def generate(self, prompt_ids, *, num_samples, max_new_tokens, temperature, top_p, seed, **_):
+        texts = self.script.pop(0)
+        n = len(prompt_ids) * num_samples
+        assert len(texts) == n
+        self.seeds.append(seed)
+        width_p = max(len(p) for p in prompt_ids)
+        lengths = [1 + i % 3 for i in range(n)]
+        t = max(lengths)
+        ids = torch.zeros(n, width_p + t, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        rmask = torch.zeros(n, t)
+        for row in range(n):
+            prompt = prompt_ids[row // num_samples]
+            ids[row, width_p - len(prompt) : width_p] = torch.tensor(prompt)
+            att[row, width_p - len(prompt) : width_p] = 1
+            ids[row, width_p : width_p + lengths[row]] = 7 + row
+            att[row, width_p : width_p + lengths[row]] = 1
+            rmask[row, : lengths[row]] = 1
+        return RolloutBatch(
+            input_ids=ids,
+            attention_mask=att,
+            response_mask=rmask,
+            response_len=t,
+            prompt_index=torch.arange(n) // num_samples,
+            texts=list(texts),
+            truncated=torch.zeros(n, dtype=torch.bool),
+            gen_seconds=0.5,
+            num_generated_tokens=int(rmask.sum()),
+        )
+
+
+RIGHT, WRONG = r"\boxed{3}", r"\boxed{4}"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with MathRewardPool(num_workers=1, timeout_s=10.0) as p:
+        yield p
+
+
+def _problems(count: int) -> list[Problem]:
+    return [Problem(id=f"p{i}", problem=f"question {i}", answer="3") for i in range(count)]
+
+
+def _settings(g: int) -> SamplerSettings:
+    return SamplerSettings(group_size=g, max_new_tokens=4, temperature=1.0, top_p=1.0, instruction="")
+
+
+def test_dynamic_sampling_drops_equal_groups_refills_and_cuts_to_the_batch_size(pool):
+    problems = _problems(10)
+    # Round 0: group 0 all right (dropped), group 1 mixed (kept). Round 1: both mixed (kept) -> 3 groups, cut to 2.
+    script = [[RIGHT, RIGHT, RIGHT, WRONG], [WRONG, RIGHT, RIGHT, WRONG]]
+    rollout = _ScriptedRollout(script)
+    stream = PromptStream(problems, seed=5)
+    expected_order = PromptStream(problems, seed=5).take(4)
+    got = collect_rollouts(
+        rollout,
+        _CharTokenizer(),
+        stream,
+        pool,
+        _settings(2),
+        prompts=2,
+        seed=100,
+        dynamic_sampling=True,
+        max_resample_rounds=3,
+    )
+    assert rollout.seeds == [100, 101], (
+        "round r samples with seed + r, and sampling stops once the batch is full"
+    )
+    assert got.rewards.tolist() == [1.0, 0.0, 0.0, 1.0]
+    assert [p.id for p in got.problems] == [expected_order[1].id, expected_order[2].id]
+    assert got.batch.texts == [RIGHT, WRONG, WRONG, RIGHT]
+    index = got.batch.prompt_index.tolist()  # labels, not positions: rows of one prompt share one
+    assert index[0] == index[1] != index[2] == index[3]
+    m = got.metrics
+    assert (m["rounds"], m["groups_total"], m["groups_dropped"]) == (2, 4, 1)
+    assert m["frac_groups_dropped"] == 0.25
+    # Reward metrics describe the first round only (the refill is biased toward mixed groups).
+    assert m["reward_mean"] == 0.75 and m["accuracy"] == 0.75
+    assert m["gen_seconds"] == 1.0
+    assert stream.state_dict() == {"epoch": 0, "offset": 4}
+
+
+def test_dynamic_sampling_that_keeps_nothing_returns_no_batch(pool):
+    rollout = _ScriptedRollout([[RIGHT, RIGHT], [WRONG, WRONG]])
+    got = collect_rollouts(
+        rollout,
+        _CharTokenizer(),
+        PromptStream(_problems(3), seed=0),
+        pool,
+        _settings(2),
+        prompts=1,
+        seed=0,
+        dynamic_sampling=True,
+        max_resample_rounds=1,
+    )
+    assert got.batch is None and got.rewards is None
+    assert got.metrics["groups_dropped"] == 2 and got.metrics["rounds"] == 2
+
+
+def test_without_dynamic_sampling_one_round_is_taken_as_is(pool):
+    rollout = _ScriptedRollout([[RIGHT, RIGHT, WRONG, "no answer here"]])
+    got = collect_rollouts(
+        rollout, _CharTokenizer(), PromptStream(_problems(4), seed=0), pool, _settings(2), prompts=2, seed=9
+    )
+    assert got.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert got.statuses[3] == "no_answer" and got.metrics["no_answer"] == 1
+    assert "groups_total" not in got.metrics or got.metrics["groups_total"] == 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Batch assembly
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _batch(prompt: list[int], responses: list[list[int]], logp: bool = True) -> RolloutBatch:
+    n, p, t = len(responses), len(prompt), max(len(r) for r in responses)
+    ids = torch.full((n, p + t), 0, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    rmask = torch.zeros(n, t)
+    for i, resp in enumerate(responses):
+        ids[i, :p] = torch.tensor(prompt)
+        att[i, :p] = 1
+        ids[i, p : p + len(resp)] = torch.tensor(resp)
+        att[i, p : p + len(resp)] = 1
+        rmask[i, : len(resp)] = 1
+    return RolloutBatch(
+        input_ids=ids,
+        attention_mask=att,
+        response_mask=rmask,
+        response_len=t,
+        prompt_index=torch.zeros(n, dtype=torch.long),
+        texts=[str(r) for r in responses],
+        truncated=torch.zeros(n, dtype=torch.bool),
+        gen_seconds=1.0,
+        num_generated_tokens=int(rmask.sum()),
+        rollout_logp=-rmask * 0.5 if logp else None,
+    )
+
+
+def test_concat_rollouts_repads_prompts_left_and_responses_right():
+    a = _batch([5, 6], [[1], [2]])
+    b = _batch([7, 8, 9], [[3, 4, 4], [1, 1]])
+    both = concat_rollouts([a, b], pad_token_id=0)
+    assert both.response_len == 3 and both.prompt_len == 3
+    assert both.input_ids.tolist() == [
+        [0, 5, 6, 1, 0, 0],
+        [0, 5, 6, 2, 0, 0],
+        [7, 8, 9, 3, 4, 4],
+        [7, 8, 9, 1, 1, 0],
+    ]
+    assert both.attention_mask.tolist() == [
+        [0, 1, 1, 1, 0, 0],
+        [0, 1, 1, 1, 0, 0],
+        [1] * 6,
+        [1, 1, 1, 1, 1, 0],
+    ]
+    assert both.response_mask.tolist() == [[1, 0, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]]
+    assert both.prompt_index.tolist() == [0, 0, 1, 1]
+    assert both.rollout_logp.tolist() == [[-0.5, 0, 0], [-0.5, 0, 0], [-0.5] * 3, [-0.5, -0.5, 0]]
+    assert both.gen_seconds == 2.0 and both.num_generated_tokens == 7
+    # A round without the sampler's log-probs means the merged batch has none (not a half-filled tensor).
+    assert concat_rollouts([a, _batch([1], [[2]], logp=False)], 0).rollout_logp is None
+
+
+def test_select_rows_and_trim_columns():
+    batch = _batch([5, 6], [[1, 2, 3], [4], [5, 6]])
+    picked = select_rollout_rows(batch, torch.tensor([1, 2]))
+    assert picked.texts == ["[4]", "[5, 6]"] and picked.num_generated_tokens == 3
+    assert picked.rollout_logp.tolist() == [[-0.5, 0, 0], [-0.5, -0.5, 0]]
+    ids, att, t, cols = trim_columns(picked.input_ids, picked.attention_mask, picked.response_len)
+    assert t == 2 and cols == slice(0, 2)
+    assert ids.tolist() == [[5, 6, 4, 0], [5, 6, 5, 6]]
+    assert att.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    # Prompt columns that are padding in every row are dropped too.
+    left = concat_rollouts([_batch([9], [[1]]), _batch([9], [[2]])], 0)
+    padded = torch.cat([torch.zeros(2, 2, dtype=torch.long), left.input_ids], 1)
+    ids, _, t, _ = trim_columns(
+        padded, torch.cat([torch.zeros(2, 2, dtype=torch.long), left.attention_mask], 1), 1
+    )
+    assert ids.tolist() == [[9, 1], [9, 2]] and t == 1
+
+
+def test_overlong_shaping_adds_the_length_penalty_but_groups_are_filtered_on_correctness(pool):
+    # Response lengths of the scripted rollout: 1, 2, 3, 1 tokens. Limit 3, buffer 2: penalties 0, -0.5, -1, 0.
+    # Group 0 is all wrong (its shaped rewards differ by length, yet it is dropped); group 1 is mixed.
+    rollout = _ScriptedRollout([[WRONG, WRONG, RIGHT, WRONG]])
+    got = collect_rollouts(
+        rollout,
+        _CharTokenizer(),
+        PromptStream(_problems(2), seed=0),
+        pool,
+        _settings(2),
+        prompts=2,
+        seed=0,
+        dynamic_sampling=True,
+        overlong=OverlongShaping(max_len=3, buffer_len=2, penalty_factor=1.0),
+    )
+    assert got.rewards.tolist() == [0.0, 0.0]  # group 1 only: 1 - 1 (3 tokens) and 0 + 0 (1 token)
+    assert got.batch.texts == [RIGHT, WRONG]
+    assert got.metrics["groups_dropped"] == 1
+    assert got.metrics["reward_mean"] == 0.25, "reward_mean stays correctness"
+    assert got.metrics["overlong_penalty_mean"] == -0.375

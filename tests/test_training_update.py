@@ -1,0 +1,161 @@
+"""The trainer's update phase (``update_policy``) gives the same parameter update whatever the micro-batch size:
+for the covariance losses (their statistics span the optimizer mini-batch), and with off-policy correction
+weights, computed before the update or per micro-batch."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tepo.losses.rollout_correction import rollout_correction_weights
+from tepo.rollout.base import RolloutBatch
+from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
+from tepo.training.update import RolloutCorrection, UpdateSettings, update_policy
+
+GROUPS, G, PROMPT, RESPONSE = 8, 4, 3, 6
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def batch() -> RolloutBatch:
+    gen = torch.Generator().manual_seed(1)
+    n = GROUPS * G
+    prompts = torch.randint(1, 32, (GROUPS, PROMPT), generator=gen).repeat_interleave(G, 0)
+    lengths = torch.randint(1, RESPONSE + 1, (n,), generator=gen)
+    response = torch.randint(1, 32, (n, RESPONSE), generator=gen)
+    rmask = (torch.arange(RESPONSE)[None] < lengths[:, None]).float()
+    response = torch.where(rmask.bool(), response, torch.zeros_like(response))
+    att = torch.cat([torch.ones(n, PROMPT, dtype=torch.long), rmask.long()], 1)
+    return RolloutBatch(
+        input_ids=torch.cat([prompts, response], 1),
+        attention_mask=att,
+        response_mask=rmask,
+        response_len=RESPONSE,
+        prompt_index=torch.arange(n) // G,
+        texts=[""] * n,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        gen_seconds=0.0,
+        num_generated_tokens=int(rmask.sum()),
+    )
+
+
+def _settings(micro: int) -> LogprobSettings:
+    return LogprobSettings(
+        micro_batch_size=micro,
+        temperature=1.0,
+        autocast_bf16=False,
+        share_prompt_prefix=False,
+        train_attention="model",
+    )
+
+
+def _updated(model, batch, loss, micro, *, loss_options=None, mini_groups=GROUPS, **kwargs) -> torch.Tensor:
+    """Parameters after one step of update_policy with plain SGD (lr 1): the summed gradient, exactly applied."""
+    model = copy.deepcopy(model)
+    torch.manual_seed(123)  # clip_cov draws its token set from torch's RNG: the same draw for every size
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _u: 1.0)
+    advantages = torch.linspace(-1.5, 1.5, GROUPS * G)
+    update_policy(
+        model,
+        optimizer,
+        scheduler,
+        batch,
+        advantages,
+        UpdateSettings(
+            loss=loss,
+            loss_options=loss_options or {},
+            epochs=1,
+            mini_batch_groups=mini_groups,
+            group_size=G,
+            max_grad_norm=1e9,
+            max_len=float(RESPONSE),
+        ),
+        _settings(micro),
+        old_logp=kwargs.pop("old_logp", None),
+        old_entropy=None,
+        ref_logp=None,
+        generator=torch.Generator().manual_seed(0),
+        **kwargs,
+    )
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize(
+    ("loss", "options"),
+    [
+        # Wide bands and 10-30% shares: many selected tokens, so per-micro-batch statistics would show.
+        ("clip_cov", {"clip_cov_ratio": 0.3, "clip_cov_lb": -10.0, "clip_cov_ub": 10.0}),
+        ("kl_cov", {"kl_cov_ratio": 0.1}),
+        ("cov_gauss", {}),
+    ],
+)
+@pytest.mark.parametrize("mini_groups", [GROUPS, GROUPS // 2])
+def test_covariance_losses_update_the_same_for_every_micro_batch_size(
+    model, batch, loss, options, mini_groups
+):
+    # As the trainer runs these losses: with an old-policy pass, so that the second mini-batch's ratios (after the
+    # first update) differ from 1 and kl_cov's penalty on its selected tokens has a gradient.
+    old_logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
+    start = torch.cat([p.detach().flatten() for p in model.parameters()])
+    whole = _updated(model, batch, loss, 32, loss_options=options, mini_groups=mini_groups, old_logp=old_logp)
+    assert not torch.allclose(whole, start), "the update changed nothing: the comparison would be vacuous"
+    for micro in (4, 8):
+        got = _updated(
+            model, batch, loss, micro, loss_options=options, mini_groups=mini_groups, old_logp=old_logp
+        )
+        torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6, msg=f"{loss}: micro-batch {micro}")
+
+
+def _with_sampler_logp(batch: RolloutBatch, model) -> RolloutBatch:
+    """The batch with made-up sampler log-probs: the trainer's own, shifted per token (some beyond 2x)."""
+    logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
+    shift = torch.linspace(-1.0, 1.0, logp.numel()).view_as(logp)
+    out = copy.copy(batch)
+    out.rollout_logp = (logp + shift) * batch.response_mask
+    return out
+
+
+@pytest.mark.parametrize("mode", ["tis", "seq_tis"])
+def test_correction_in_the_micro_batch_loop_equals_precomputed_weights_for_every_size(model, batch, mode):
+    batch = _with_sampler_logp(batch, model)
+    old_logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
+    weights, keep, _ = rollout_correction_weights(
+        old_logp, batch.rollout_logp, batch.response_mask, mode=mode
+    )
+    assert bool(keep[batch.response_mask.bool()].all()), "tis modes drop nothing"
+    reference = _updated(model, batch, "tepo", 32, is_weights=weights)
+    plain = _updated(model, batch, "tepo", 32)
+    assert not torch.allclose(reference, plain), (
+        "the weights changed nothing: the comparison would be vacuous"
+    )
+    for micro in (4, 8, 32):
+        got = _updated(model, batch, "tepo", micro, correction=RolloutCorrection(mode, {}))
+        torch.testing.assert_close(got, reference, rtol=1e-5, atol=1e-6, msg=f"{mode}: micro-batch {micro}")
+
+
+@pytest.mark.parametrize("loss", ["tepo", "grpo", "dr_grpo"])
+def test_dropping_correction_leaves_the_counts_and_is_micro_batch_invariant(model, batch, loss):
+    batch = _with_sampler_logp(batch, model)
+    old_logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
+    weights, keep, _ = rollout_correction_weights(
+        old_logp, batch.rollout_logp, batch.response_mask, mode="mis"
+    )
+    loss_mask = batch.response_mask * keep
+    assert 0 < int(loss_mask.sum()) < int(batch.response_mask.sum()), "mis must drop some tokens here"
+    whole = _updated(model, batch, loss, 32, old_logp=old_logp, is_weights=weights, loss_mask=loss_mask)
+    for micro in (4, 8):
+        got = _updated(model, batch, loss, micro, old_logp=old_logp, is_weights=weights, loss_mask=loss_mask)
+        torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6)
