@@ -1,4 +1,4 @@
-"""Programmatically generated adversarial completions for the reward pool (issue 6).
+"""Programmatically generated adversarial completions for the reward pool.
 
 ``hostile_corpus(marker_dir)`` returns ``HostileCase`` items. Every case must come back within the pool's
 timeout and must not score 1.0 unless ``may_be_correct`` (a valid answer wrapped in junk, where "correct" is the

@@ -1,4 +1,4 @@
-"""Bad data, bad config and unsafe models through the ``tepo`` command line (issue 6).
+"""Bad data, bad config and unsafe models through the ``tepo`` command line.
 
 Each bad input gives exit status 2 and one ``tepo: error:`` message naming the file, line and field (data) or the
 key (config), and it does so before any model is loaded: ``tepo.models.load_model_and_tokenizer`` is replaced

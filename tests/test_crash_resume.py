@@ -1,4 +1,4 @@
-"""Crash safety (issue 6): runs killed with SIGKILL at random points, including inside a checkpoint write, resume
+"""Crash safety: runs killed with SIGKILL at random points, including inside a checkpoint write, resume
 to exactly what an uninterrupted run produces.
 
 - Default suite (fast, no model): a torn ``.tmp-`` directory, a corrupt file, a missing or unreadable manifest are

@@ -1,7 +1,7 @@
 """Answer checking as ``tepo eval`` does it: whole completions, answer format "boxed", the real math-verify pool.
 
 tests/test_rewards.py compares bare answers (``math_equal``); this table goes through box extraction from a
-completion as well, for the cases issue 4 names: fractions, ``\\frac`` vs ``/``, units, intervals, nested braces
+completion as well, for these cases: fractions, ``\\frac`` vs ``/``, units, intervals, nested braces
 inside ``\\boxed{}``, multiple answers. Readings we chose (and test): only the *last* complete box is the answer
 (two boxes "2" and "-3" answer "-3"), a box cut off by the token limit is no answer, and with format "boxed" a bare
 number in prose is no answer (the benchmark instruction asks for a box).

@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.model]
 
 
 def test_default_run_improves_held_out_accuracy(tmp_path):
-    config = load_config("default", [f"train.output_dir={tmp_path}", "train.run_name=learn", "log.progress=false"])
+    config = load_config(
+        "default", [f"train.output_dir={tmp_path}", "train.run_name=learn", "log.progress=false"]
+    )
     summary = train(config, log=lambda *_: None).summary
     before, after = summary["before"], summary["after"]
     assert after["eval_sampled_accuracy"] > before["eval_sampled_accuracy"], summary

@@ -1,4 +1,4 @@
-"""Numerical faults in training (issue 6): a step whose loss or gradient is NaN/inf is skipped and counted, never
+"""Numerical faults in training: a step whose loss or gradient is NaN/inf is skipped and counted, never
 applied; after ``train.max_bad_steps`` such steps in a row the run stops with ``TrainingStopped`` and its last
 good checkpoint is intact. Faults are injected by wrapping ``tepo.training.update.compute_policy_loss``; everything else
 (the embedded model, rollout, reward pool, optimizer, checkpoints) is real."""

@@ -1,4 +1,4 @@
-"""Hostile completions (issue 6) through the real reward pool: bounded time, reward 0 (or the right verdict),
+"""Hostile completions through the real reward pool: bounded time, reward 0 (or the right verdict),
 no code execution, bounded parent memory, pool alive and fast afterwards."""
 
 from __future__ import annotations

@@ -85,7 +85,9 @@ def test_groups_of_one_and_no_grad_also_match(checkpointed_model):
 def test_rows_with_different_prompts_in_one_group_are_refused(checkpointed_model):
     ids, mask, _ = _batch()
     with torch.no_grad(), pytest.raises(ValueError, match="prompt columns differ"):
-        response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=torch.zeros(ids.shape[0], dtype=torch.long))
+        response_logprobs(
+            checkpointed_model, ids, mask, T, prompt_groups=torch.zeros(ids.shape[0], dtype=torch.long)
+        )
 
 
 @pytest.mark.model
@@ -100,7 +102,10 @@ def test_the_prompt_pass_keeps_no_weight_copies_for_backward(checkpointed_model)
         saved.append(tuple(tensor.shape))
         return tensor
 
-    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with (
+        torch.autocast("cpu", dtype=torch.bfloat16),
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+    ):
         logp, _ = response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=groups)
     assert saved and logp.requires_grad
     assert not [shape for shape in saved if shape in weight_shapes]
@@ -144,14 +149,18 @@ def test_the_recomputed_prompt_pass_runs_under_the_forwards_autocast(monkeypatch
     calls, real = [], tepo.logprobs._prompt_pass
 
     def spy(*args):
-        calls.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_grad_enabled()))
+        calls.append(
+            (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_grad_enabled())
+        )
         return real(*args)
 
     monkeypatch.setattr(tepo.logprobs, "_prompt_pass", spy)
     ids = torch.randint(1, 97, (4, 10))
     ids[1:, :5] = ids[0, :5]
     with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
-        logp, _ = response_logprobs(model, ids, torch.ones_like(ids), 5, prompt_groups=torch.zeros(4, dtype=torch.long))
+        logp, _ = response_logprobs(
+            model, ids, torch.ones_like(ids), 5, prompt_groups=torch.zeros(4, dtype=torch.long)
+        )
     logp.sum().backward()
     # Forward without a graph (the checkpoint), then the recomputation in backward with one, both in bf16.
     assert calls == [(True, torch.bfloat16, False), (True, torch.bfloat16, True)]

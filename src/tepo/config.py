@@ -32,11 +32,11 @@ class ModelConfig:
     trust_remote_code: bool = False
     autocast_bf16: bool = True  # bf16 autocast for forward/backward on CPU, float32 master weights
     gradient_checkpointing: bool = True  # recompute layer activations in backward (less memory, same values)
-    # Attention kernel for the log-prob passes: auto (eager on CPU for micro-batches up to 512 columns, measured
-    # 11-18% faster than torch's CPU flash attention; see tepo.models), eager, sdpa, or model (the loaded one).
+    # Attention kernel for the log-prob passes: auto (eager on CPU for narrow micro-batches, where it is faster than
+    # torch's CPU flash attention: docs/performance.md), eager, sdpa, or model (the loaded one).
     train_attention: str = "auto"
-    # Log-prob passes run each prompt once for its G samples and share its keys/values (exact; measured 25-30%
-    # less time for the transformer body on the embedded model). Tested with Llama-architecture models.
+    # Log-prob passes run each prompt once for its G samples and share its keys/values (exact, and less work for
+    # the transformer body: docs/performance.md). Tested with Llama-architecture models.
     share_prompt_prefix: bool = True
 
 
@@ -58,8 +58,8 @@ class RolloutConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    # hf backend: generate under bf16 autocast (measured 1.66x less CPU than float32 on the default workload when
-    # it became the default, and the numerics the bf16-autocast update scores with). None: tepo.rollout.hf's
+    # hf backend: generate under bf16 autocast (less CPU than float32 on the default workload, docs/performance.md,
+    # and the numerics the bf16-autocast update scores with). None: tepo.rollout.hf's
     # per-device default. hf_max_batch_size: rows per generate call (None: all rows at once).
     autocast_bf16: bool | None = True
     hf_max_batch_size: int | None = None

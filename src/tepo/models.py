@@ -245,11 +245,10 @@ def load_model_and_tokenizer(
     return model, tokenizer
 
 
-# Widest micro-batch (prompt + response columns) for which "auto" picks eager attention in training on CPU.
-# Measured on the embedded model, 16 rows x 122 columns, forward+backward with activation checkpointing under bf16
-# autocast, one thread: eager 5.65-6.13 s against sdpa 6.87 s (torch 2.13's CPU flash-attention backward alone
-# took 1.2 of the 6.9 s). Eager materialises [rows, heads, cols, cols] attention weights, which grow with the
-# square of the width, so wide batches keep the model's own (memory-efficient) implementation.
+# Widest micro-batch (prompt + response columns) for which "auto" picks eager attention in training on CPU, where
+# torch's CPU flash-attention backward is the slower of the two on narrow batches (docs/performance.md). Eager
+# materialises [rows, heads, cols, cols] attention weights, which grow with the square of the width, so wide
+# batches keep the model's own (memory-efficient) implementation.
 EAGER_ATTENTION_MAX_COLUMNS = 512
 
 

@@ -14,7 +14,7 @@ handed an item); a second death scores ``"error"``. Such an item may take two ti
 Start method: workers are fresh interpreters started with ``subprocess`` (fork+exec, like multiprocessing's
 "spawn"), not ``multiprocessing``: nothing is forked from a parent that holds torch threads, the parent's
 ``__main__`` is not re-imported (scripts need no ``if __name__ == "__main__"`` guard), and only JSON lines cross
-the pipes (nothing is pickled). Measured start-up: about 0.3-0.5 s per worker (math-verify import + warm-up).
+the pipes (nothing is pickled). A worker's start-up is its math-verify import and a warm-up verification.
 
 Completions lose their trailer (padding, end-of-text markers) and are then cut to their last ``max_chars``
 characters in the parent before anything is sent, so a worker never gets more than ``max_chars`` characters (see

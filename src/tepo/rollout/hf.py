@@ -1,4 +1,4 @@
-"""Rollout with transformers' ``generate``: the default backend, and the only one that runs without a GPU."""
+"""Rollout with transformers' ``generate`` on the trainer's own model: runs anywhere (``auto``'s fallback)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,9 @@ from torch import Tensor
 
 from tepo.rollout.base import RolloutBatch, check_generate_request, eos_token_ids
 
-# Measured on the embedded model (SmolLM2-135M, float32 weights), 32 prompts x 64 new tokens, temperature 1, on the
-# shared 2-core CPU machine (other engineers' jobs running; "slots" = rows x generated steps per second):
-#   torch default 2 threads: float32 17.6 / 56.9 slot-tok/s, bf16 autocast 7.6 / 15.3 (two runs): bf16 2.3-3.7x slower
-#   1 thread (torch.set_num_threads(1)): float32 63 slot-tok/s, bf16 autocast 122 (median of 2): bf16 1.9x faster
-# With the default thread count float32 is faster, and it also keeps the sampler identical to a float32 trainer,
-# so the CPU default is float32; pass autocast_bf16=True when running torch on one thread. On CUDA bf16 is the
-# usual win (not measured here: no GPU).
+# The per-device default when autocast_bf16 is None. On CPU, bf16 autocast was slower with torch's default two
+# threads and faster with one (docs/performance.md); float32 also keeps the sampler identical to a float32 trainer.
+# On CUDA bf16 is the usual win (not measured here: no GPU). The trainer's config sets it explicitly.
 _BF16_AUTOCAST_DEFAULT = {"cpu": False, "cuda": True}
 
 
@@ -38,7 +34,7 @@ class HFRollout:
     Samples depend on how rows are batched (padding changes float rounding), not only on the seed.
 
     ``autocast_bf16=None`` picks the faster setting measured for the model's device type (CPU: off, CUDA: on);
-    see the measurements above ``_BF16_AUTOCAST_DEFAULT``. Under bf16 autocast the sampler's distribution
+    see the comment above ``_BF16_AUTOCAST_DEFAULT``. Under bf16 autocast the sampler's distribution
     differs slightly from the float32 policy that :func:`tepo.logprobs.response_logprobs` scores.
 
     Behaviour log-probs (``return_logprobs=True``): ``log_softmax`` of the scores ``generate`` sampled from

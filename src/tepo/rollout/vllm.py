@@ -84,9 +84,8 @@ def find_vllm_python(explicit: str | None = None) -> str:
 def _server_env() -> dict:
     env = dict(os.environ)
     # The engine runs inside the server process (which is already separate from the trainer) instead of in two more
-    # processes (engine core + worker). Measured on the embedded model, 32 x 64 tokens, one core: 465-550 tok/s
-    # in-process against 300-340 with vLLM's default multiprocessing, 7 s start-up against 16 s, and 0.8 GB less
-    # memory (one Python + torch runtime instead of three).
+    # processes (engine core + worker): faster generation, a shorter start-up and one Python + torch runtime
+    # instead of three (measured in docs/performance.md).
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # vLLM's CPU backend otherwise keeps one core for itself (of two here) and binds its OpenMP threads to the
     # rest; let it use every core this process may run on. A value the user set wins.
