@@ -1,4 +1,5 @@
-"""Training curves as a PNG: reward, accuracy, entropy, clip fraction, KL, gradient norm, length, step time."""
+"""Training curves as a PNG: reward, accuracy, entropy, clip fraction, KL, sampler/trainer mismatch, gradient norm,
+length, step time."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ CURVES = (
     ("entropy_mean", "token entropy"),
     ("clip_frac_high", "clip fraction (high)"),
     ("approx_kl", "approx. KL old->new (k3)"),
+    ("mismatch_kl_k3", "KL sampler->trainer (k3)"),
     ("grad_norm", "gradient norm (pre-clip)"),
     ("response_length_mean", "response length (tokens)"),
     ("frac_truncated", "share truncated"),
