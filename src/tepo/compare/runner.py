@@ -368,7 +368,7 @@ def run_comparison(
 ) -> list[RunOutcome]:
     """Run (or reuse/resume) every run of the plan, seed by seed so an interrupted comparison stays balanced."""
     if train_fn is None or resume_fn is None:
-        from tepo import train as train_module
+        from tepo import training as train_module
 
         train_fn = train_fn or train_module.train
         resume_fn = resume_fn or train_module.resume
