@@ -21,8 +21,8 @@ from tepo.compare.runner import (
 )
 from tepo.compare.stats import bootstrap_interval
 from tepo.compare.table import build_table, render_markdown, render_terminal, steps_to_threshold, write_table
-from tepo.compare.tasks import make_mixture_problems
 from tepo.config import ConfigError, save_config
+from tepo.data import make_mixture_problems
 
 # --------------------------------------------------------------------------------------------------------------
 # Synthetic run directories

@@ -3,7 +3,9 @@
 - ``tepo.compare.runner``: plan (``plan_comparison``), run/reuse/resume (``run_comparison``), discover runs,
 - ``tepo.compare.table``: the comparison table (``build_table``, ``render_markdown``, ``render_terminal``),
 - ``tepo.compare.stats``: the percentile bootstrap over seeds,
-- ``tepo.compare.tasks``: ``arithmetic-mix``, the default comparison task.
+- ``tepo.compare.cli``: the ``tepo compare`` command.
+
+The default comparison task, ``arithmetic-mix``, is a procedural task in :mod:`tepo.data.tasks`.
 """
 
 from tepo.compare.runner import (

@@ -1,0 +1,133 @@
+"""Loading problems from a procedural task name, a JSONL/Parquet path or a Hugging Face dataset name.
+
+Bad input fails before any model is loaded, with one message naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from tepo.data.problems import DataError, Problem
+from tepo.data.tasks import PROCEDURAL_TASKS, make_task_problems
+
+
+def load_problems(
+    source: str,
+    *,
+    problem_field: str = "problem",
+    answer_field: str = "answer",
+    id_field: str = "id",
+    split: str = "train",
+    limit: int | None = None,
+    seed: int = 0,
+) -> list[Problem]:
+    """Load problems from a procedural task name, a JSONL/Parquet path, or a Hugging Face dataset name.
+
+    For procedural tasks ``split`` selects disjoint problem streams (``train`` vs ``test``) and ``limit`` how
+    many to make (default 1,000). For files, every row must have a non-empty ``problem_field`` and
+    ``answer_field`` (numbers are accepted for the answer and turned into strings).
+    """
+    if source in PROCEDURAL_TASKS:
+        return make_task_problems(source, limit or 1000, split=split, seed=seed)
+    path = Path(source).expanduser()
+    if path.exists() or source.endswith((".jsonl", ".json", ".parquet")):
+        problems = _load_file(path, problem_field, answer_field, id_field)
+    else:
+        problems = _load_hub(source, split, problem_field, answer_field, id_field)
+    if not problems:
+        raise DataError(f"{source}: no problems found (the file or split is empty)")
+    return problems[:limit] if limit else problems
+
+
+def _load_file(path: Path, problem_field: str, answer_field: str, id_field: str) -> list[Problem]:
+    if not path.exists():
+        raise DataError(f"{path}: no such file")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; expected a .jsonl or .parquet file")
+    if path.suffix == ".parquet":
+        return _load_parquet(path, problem_field, answer_field, id_field)
+    problems = []
+    with open(path, "rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            try:
+                # A byte-order mark (files saved by some Windows editors) is not part of the first row.
+                text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(
+                    f"{path}:{line_no}: not valid UTF-8 (byte {err.start}); expected UTF-8 JSON"
+                ) from None
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{line_no}: invalid JSON ({err.msg} at column {err.colno})") from None
+            problems.append(
+                _row_to_problem(row, f"{path}:{line_no}", problem_field, answer_field, id_field, line_no)
+            )
+    return problems
+
+
+def _load_parquet(path: Path, problem_field: str, answer_field: str, id_field: str) -> list[Problem]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as err:  # pragma: no cover - pyarrow comes with the datasets extra
+        raise DataError(f"{path}: reading Parquet needs pyarrow (pip install 'tepo[hf-datasets]')") from err
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as err:
+        raise DataError(f"{path}: not a readable Parquet file ({err})") from None
+    return [
+        _row_to_problem(row, f"{path}: row {i}", problem_field, answer_field, id_field, i)
+        for i, row in enumerate(rows, start=1)
+    ]
+
+
+def _load_hub(name: str, split: str, problem_field: str, answer_field: str, id_field: str) -> list[Problem]:
+    try:
+        import datasets
+    except ImportError as err:
+        raise DataError(
+            f"{name!r} is not a file, a procedural task ({', '.join(PROCEDURAL_TASKS)}) or loadable: "
+            "loading Hugging Face datasets by name needs `pip install 'tepo[hf-datasets]'`"
+        ) from err
+    try:
+        rows = datasets.load_dataset(name, split=split)
+    except Exception as err:
+        raise DataError(
+            f"{name!r} is not a file, a procedural task ({', '.join(PROCEDURAL_TASKS)}) "
+            f"or a Hugging Face dataset that could be loaded (split {split!r}): {err}"
+        ) from None
+    return [
+        _row_to_problem(row, f"{name}[{split}] row {i}", problem_field, answer_field, id_field, i)
+        for i, row in enumerate(rows, start=1)
+    ]
+
+
+def _row_to_problem(
+    row, where: str, problem_field: str, answer_field: str, id_field: str, index: int
+) -> Problem:
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object with fields {problem_field!r} and {answer_field!r}")
+    fields = {}
+    for field in (problem_field, answer_field):
+        if field not in row:
+            raise DataError(
+                f"{where}: missing field {field!r} (row has {sorted(row)}); "
+                "map other names with data.problem_field / data.answer_field"
+            )
+        value = row[field]
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise DataError(
+                f"{where}: field {field!r} must be a string or number, got {type(value).__name__}"
+            )
+        if isinstance(value, float) and not math.isfinite(value):  # JSON's NaN / Infinity extensions
+            raise DataError(f"{where}: field {field!r} must be a finite number, got {value}")
+        value = str(value).strip()
+        if not value:
+            raise DataError(f"{where}: field {field!r} is empty")
+        fields[field] = value
+    problem_id = str(row.get(id_field, index))
+    return Problem(id=problem_id, problem=fields[problem_field], answer=fields[answer_field])
