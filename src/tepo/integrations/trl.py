@@ -35,9 +35,23 @@ The loss is configured only by ``loss_name`` and ``loss_options``; TRL's ``loss_
 compute its log-probs, so ``kl_coef`` in ``loss_options`` is refused. TRL features that would add a term the
 registry does not know are refused at construction, never dropped: ``top_entropy_quantile < 1``,
 ``off_policy_mask_threshold``, ``delta``, TRL's ``entropy_coef`` / adaptive entropy (use the
-``entropy_coef`` loss option), ``use_bias_correction_kl`` with ``beta > 0``, vLLM's
-``vllm_importance_sampling_correction`` and the Liger kernel (which bypasses the loss hook). The MoE router
+``entropy_coef`` loss option), ``use_bias_correction_kl`` with ``beta > 0`` and the Liger kernel (which bypasses the loss hook). The MoE router
 auxiliary loss is added as TRL adds it.
+
+vLLM's sampler-mismatch correction
+----------------------------------
+With ``use_vllm`` and ``vllm_importance_sampling_correction`` (TRL's default), TRL puts
+``importance_sampling_ratio`` into each batch: ``w = exp(log pi_old - log pi_vllm)`` per token ([N, T], modes
+``token_truncate`` / ``token_mask``) or per sequence (summed log-ratio over the loss tokens, [N, 1], modes
+``sequence_truncate`` / ``sequence_mask``), clamped to ``[vllm_importance_sampling_clip_min, _clip_max]``
+(truncate) or set to 0 outside it (mask). TRL multiplies it into the policy term's per-token loss before
+aggregation and before adding the KL term. The adapter passes the same weights as
+``compute_policy_loss(..., is_weights=w)`` (a sequence weight broadcast over the tokens), which does exactly
+that: the regularizers (KL, entropy, TEPO's KL mask) are not weighted. A token or sequence the mask modes reject
+has weight 0 but *stays* in the loss mask, so it still counts in the token/sequence denominators: this is
+TRL's reading (it changes the weights, not the mask), kept so the adapter's ``grpo``/``tepo``/``dr_grpo`` equal
+TRL's builtin losses under correction too (tested). tepo's own trainer instead drops rejected tokens from the
+mask (``tepo.losses.rollout_correction``), so their counts differ there.
 
 Metrics
 -------
@@ -109,12 +123,6 @@ def _refuse_unsupported(args: Any, loss_options: dict[str, Any]) -> None:
         problems.append(
             "beta > 0 with use_bias_correction_kl=True: the tepo KL term is the plain k1/k2/k3 estimate; set "
             "use_bias_correction_kl=False"
-        )
-    if getattr(args, "use_vllm", False) and getattr(args, "vllm_importance_sampling_correction", False):
-        problems.append(
-            "use_vllm with vllm_importance_sampling_correction=True: the sampler-mismatch weight is not a tepo "
-            "loss term; set vllm_importance_sampling_correction=False (old log-probs are still recomputed by the "
-            "trainer, so the losses' ratios are exact)"
         )
     if getattr(args, "use_liger_kernel", False):
         problems.append("use_liger_kernel=True bypasses the loss hook this adapter overrides")
@@ -364,6 +372,7 @@ class TepoGRPOTrainer(GRPOTrainer):
             num_tokens, num_seqs = self._fallback_counts(inputs)
         options = dict(self.loss_options)
         options.setdefault("num_seqs", num_seqs)
+        is_weights = self._sampler_is_weights(inputs, logps)
         loss, metrics = compute_policy_loss(
             self.loss_name,
             logp=logps,
@@ -374,6 +383,7 @@ class TepoGRPOTrainer(GRPOTrainer):
             entropy=entropies,
             old_entropy=old_entropy,
             num_tokens=num_tokens,
+            is_weights=is_weights,
             **options,
         )
         mode = "train" if self.model.training else "eval"
@@ -386,6 +396,19 @@ class TepoGRPOTrainer(GRPOTrainer):
             )
         self._log_loss_metrics(mode, metrics)
         return loss
+
+    @staticmethod
+    def _sampler_is_weights(inputs: dict[str, Any], logps: torch.Tensor) -> torch.Tensor | None:
+        """TRL's vLLM importance-sampling weights as [N, T] ``is_weights``, or None when TRL computed none.
+
+        TRL stores them only when ``use_vllm`` and ``vllm_importance_sampling_correction`` are both on; a
+        sequence-level ratio ([N, 1]) is broadcast over the tokens. Masked-out weights (0) stay 0 and their
+        tokens stay in the mask, as in TRL (see the module docstring).
+        """
+        ratio = inputs.get("importance_sampling_ratio")
+        if ratio is None:
+            return None
+        return ratio.detach().to(logps.dtype).expand_as(logps)
 
     def _log_loss_metrics(self, mode: str, metrics: dict[str, float]) -> None:
         """Average the loss's metrics over processes (one collective call) and hand them to TRL's logger."""

@@ -1,0 +1,198 @@
+"""TRL's vLLM importance-sampling correction through `TepoGRPOTrainer`: equal to TRL's builtin loss.
+
+TRL (1.16) computes ``importance_sampling_ratio`` during generation when ``use_vllm`` and
+``vllm_importance_sampling_correction`` are on, and multiplies it into its per-token policy loss. The adapter
+passes the same weights to ``compute_policy_loss(..., is_weights=...)``. Here, for every pair of (tepo loss, TRL
+configuration) whose losses coincide without correction, a fixed batch carries a ratio built with TRL's own
+formula for each of its four modes (clipped or masked weights included), and the adapter's value and gradient
+must equal TRL's builtin ``GRPOTrainer._compute_loss`` on the same batch.
+
+Real TRL and a small real Llama (random weights from a config, the embedded model's tokenizer). vLLM itself is
+not run (no GPU): the trainer is built without it and ``use_vllm`` is switched on afterwards only so that TRL's
+builtin loss reads the ratio, exactly as it does after a vLLM generation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+from datasets import Dataset
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from tepo.integrations.trl import TepoGRPOTrainer
+
+CLIP_MIN, CLIP_MAX = 0.6, 1.5
+MAX_COMPLETION = 8
+
+# (tepo loss, TRL's importance_sampling_level, TRL's loss_type, beta): pairs that are the same objective.
+PAIRS = {
+    "tepo=sequence+dapo": ("tepo", "sequence", "dapo", 0.0),
+    "grpo=token+grpo": ("grpo", "token", "grpo", 0.0),
+    "dr_grpo=token+dr_grpo": ("dr_grpo", "token", "dr_grpo", 0.0),
+    # the KL term must not be weighted (TRL adds it after the weighting; tepo weights the policy term only)
+    "grpo+kl=token+grpo+beta": ("grpo", "token", "grpo", 0.05),
+}
+MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+def length_reward(completions, **kwargs):
+    """Never called here (no generation); GRPOTrainer requires a reward function."""
+    return [len(c) / 32.0 for c in completions]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, embedded_model_dir):
+    """A 2-layer Llama with the embedded model's tokenizer, saved like any checkpoint."""
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    out = tmp_path_factory.mktemp("tiny-llama")
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def trainers(tiny_model_dir, tmp_path_factory, one_torch_thread):
+    built = {}
+    for key, (name, level, loss_type, beta) in PAIRS.items():
+        config = GRPOConfig(
+            output_dir=str(tmp_path_factory.mktemp("out")),
+            use_cpu=True,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            steps_per_generation=1,
+            gradient_accumulation_steps=1,
+            max_completion_length=MAX_COMPLETION,
+            importance_sampling_level=level,
+            loss_type=loss_type,
+            epsilon=0.2,
+            epsilon_high=0.2,
+            beta=beta,
+            use_bias_correction_kl=False,
+            vllm_importance_sampling_clip_min=CLIP_MIN,
+            vllm_importance_sampling_clip_max=CLIP_MAX,
+            report_to="none",
+            save_strategy="no",
+            bf16=False,
+            seed=0,
+        )
+        trainer = TepoGRPOTrainer(
+            model=LlamaForCausalLM.from_pretrained(tiny_model_dir),
+            reward_funcs=length_reward,
+            args=config,
+            train_dataset=Dataset.from_list([{"prompt": "2 + 3 ="}] * 4),
+            processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+            loss_name=name,
+        )
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which these tests do not run
+        built[key] = trainer
+    return built
+
+
+def _trl_ratio(old_logps, sampling_logps, mask, mode):
+    """``importance_sampling_ratio`` as TRL's `_generate_and_score_completions` builds it (TRL 1.16)."""
+    diff = torch.nan_to_num((old_logps - sampling_logps) * mask, nan=0.0)
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=CLIP_MIN, max=CLIP_MAX)
+    return ratio.masked_fill((ratio < CLIP_MIN) | (ratio > CLIP_MAX), 0.0)
+
+
+def _batch(trainer, mode, seed=0, rows=6, prompt_len=4, comp_len=7):
+    gen = torch.Generator().manual_seed(seed)
+    vocab = trainer.model.config.vocab_size
+    mask = torch.ones(rows, comp_len, dtype=torch.long)
+    for i, length in enumerate([7, 5, 3, 6, 2, 7][:rows]):
+        mask[i, length:] = 0
+    batch = {
+        "prompt_ids": torch.randint(0, vocab, (rows, prompt_len), generator=gen),
+        "prompt_mask": torch.ones(rows, prompt_len, dtype=torch.long),
+        "completion_ids": torch.randint(0, vocab, (rows, comp_len), generator=gen),
+        "completion_mask": mask,
+        "advantages": torch.tensor([1.0, -0.5, 0.8, -1.2, 0.3, -0.7][:rows]),
+        "num_items_in_batch": torch.tensor(float(mask.sum())),
+    }
+    with torch.no_grad():
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+            torch.cat([batch["prompt_mask"], mask], 1),
+            comp_len,
+        )
+    old = logps + 0.3 * torch.randn(logps.shape, generator=gen)
+    # Sequence ratios sum the token log-ratios, so their spread is smaller per token to keep some inside the bounds.
+    scale = 0.15 if mode.startswith("sequence") else 0.5
+    sampling = old + scale * torch.randn(logps.shape, generator=gen)
+    batch["old_per_token_logps"] = old
+    batch["sampling_per_token_logps"] = sampling
+    batch["importance_sampling_ratio"] = _trl_ratio(old, sampling, mask, mode)
+    if trainer.beta != 0.0:
+        batch["ref_per_token_logps"] = logps + 0.2 * torch.randn(logps.shape, generator=gen)
+    return batch
+
+
+def _loss_and_grad(trainer, fn):
+    trainer.model.zero_grad(set_to_none=True)
+    loss = fn()
+    loss.backward()
+    grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+    trainer.model.zero_grad(set_to_none=True)
+    return loss.detach(), grad
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("pair", list(PAIRS))
+def test_adapter_with_vllm_is_correction_equals_trl_builtin(trainers, pair, mode):
+    trainer = trainers[pair]
+    batch = _batch(trainer, mode)
+    ratio, valid = batch["importance_sampling_ratio"], batch["completion_mask"].bool()
+    # The weights are not trivial: some differ from 1 on loss tokens, and each mode's bound is hit.
+    on_tokens = ratio.expand(valid.shape)[valid]
+    assert bool((on_tokens - 1).abs().gt(1e-3).any())
+    if mode.endswith("mask"):
+        assert bool((on_tokens == 0).any()) and bool((on_tokens > 0).any())
+    else:
+        assert bool(((on_tokens == CLIP_MIN) | (on_tokens == CLIP_MAX)).any())
+
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    trainer.vllm_importance_sampling_mode = mode
+    try:
+        want, want_grad = _loss_and_grad(
+            trainer, lambda: GRPOTrainer._compute_loss(trainer, trainer.model, batch)
+        )
+        got, got_grad = _loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, batch))
+        # and the correction matters: without the ratio, both losses change
+        unweighted = {k: v for k, v in batch.items() if k != "importance_sampling_ratio"}
+        trainer.use_vllm = False
+        plain, _ = _loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, unweighted))
+        plain_trl, _ = _loss_and_grad(
+            trainer, lambda: GRPOTrainer._compute_loss(trainer, trainer.model, unweighted)
+        )
+    finally:
+        trainer.use_vllm = False
+    assert math.isfinite(want.item()) and want.item() != 0.0
+    # float32: TRL adds the KL per token before aggregating, tepo aggregates each term, so the last bits differ
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    assert float(want_grad.abs().max()) > 0
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-6 * float(want_grad.abs().max()))
+    torch.testing.assert_close(plain, plain_trl, rtol=1e-5, atol=1e-7)
+    assert abs(plain.item() - got.item()) > 1e-6
