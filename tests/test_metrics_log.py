@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from tepo import metrics
 from tepo.metrics import MetricsLog, read_metrics, truncate_metrics
+from tepo.metrics import log as metrics
 
 
 def _strict(line: str) -> dict:

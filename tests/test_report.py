@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tepo.metrics.tokens import record_rollout_tokens, response_token_strings
 from tepo.report.plots import (
     METRIC_DPI,
     METRIC_FIGSIZE,
@@ -22,7 +23,7 @@ from tepo.report.plots import (
     seed_band,
     token_figure_height,
 )
-from tepo.report.tokens import load_samples, pick_samples, record_rollout_tokens, response_token_strings
+from tepo.report.tokens import load_samples, pick_samples
 
 HOSTILE = "<script>alert('x')</script>"
 

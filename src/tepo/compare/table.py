@@ -239,7 +239,8 @@ def build_table(
 # --------------------------------------------------------------------------------------------------------------
 
 
-def _num(value: float | None, key: str) -> str:
+def format_value(value: float | None, key: str) -> str:
+    """A column's number as the tables show it: steps with one decimal, seconds whole, scores with three."""
     if value is None:
         return "-"
     if key in ("steps_to_threshold",):
@@ -252,12 +253,12 @@ def _num(value: float | None, key: str) -> str:
 def format_cell(cell: dict | None, key: str, *, markdown: bool, with_interval: bool = True) -> str:
     if not cell or cell.get("mean") is None:
         return "-" if not cell or not cell.get("of") else f"- (0/{cell['of']})"
-    mean = _num(cell["mean"], key)
+    mean = format_value(cell["mean"], key)
     if cell.get("best"):
         mean = f"**{mean}**" if markdown else f"{mean}*"
     text = mean
     if with_interval and cell["n"] > 1:
-        text += f" [{_num(cell['low'], key)}, {_num(cell['high'], key)}]"
+        text += f" [{format_value(cell['low'], key)}, {format_value(cell['high'], key)}]"
     if cell.get("of") and cell["n"] < cell["of"]:
         text += f" ({cell['n']}/{cell['of']})"
     return text
@@ -294,14 +295,14 @@ def table_footer(table: dict) -> str:
 
 
 def render_markdown(table: dict) -> str:
-    from tepo.report.tables import format_table
+    from tepo.metrics.tables import format_table
 
     headers, body = table_rows(table, markdown=True)
     return format_table(headers, body) + "\n\n" + table_footer(table) + "\n"
 
 
 def render_terminal(table: dict) -> str:
-    from tepo.report.tables import format_table
+    from tepo.metrics.tables import format_table
 
     headers, body = table_rows(table, markdown=False)
     return format_table(headers, body) + "\n" + table_footer(table)

@@ -290,7 +290,7 @@ def evaluate_benchmarks(
 
 def results_table(results: dict, names: Sequence[str] | None = None) -> str:
     """The terminal table: one row per benchmark, the headline accuracy (greedy or avg@n) and pass@k columns."""
-    from tepo.report.tables import format_table
+    from tepo.metrics.tables import format_table
 
     benches = results["benchmarks"]
     names = [n for n in (names or list(benches)) if n in benches]

@@ -102,7 +102,7 @@ def token_view_html(samples: list[dict]) -> str:
 
 
 def comparison_table_html(table: dict) -> str:
-    from tepo.compare.table import _num
+    from tepo.compare.table import format_value
 
     cols = table["columns"]
     head = "".join(f"<th>{html.escape(c['label'])}</th>" for c in cols)
@@ -117,11 +117,11 @@ def comparison_table_html(table: dict) -> str:
                 of = cell.get("of") if cell else None
                 cells.append(f"<td>-{f' (0/{of})' if of else ''}</td>")
                 continue
-            text = html.escape(_num(cell["mean"], c["key"]))
+            text = html.escape(format_value(cell["mean"], c["key"]))
             if cell.get("best"):
                 text = f"<strong>{text}</strong>"
             if cell["n"] > 1:
-                text += f' <span class="ci">[{_num(cell["low"], c["key"])}, {_num(cell["high"], c["key"])}]</span>'
+                text += f' <span class="ci">[{format_value(cell["low"], c["key"])}, {format_value(cell["high"], c["key"])}]</span>'
             if cell.get("of") and cell["n"] < cell["of"]:
                 text += f' <span class="ci">({cell["n"]}/{cell["of"]})</span>'
             cells.append(f"<td>{text}</td>")
@@ -191,7 +191,7 @@ def _tokens_section(
     if not found:
         body.append(
             '<p class="note">No per-token samples were recorded for these runs (<code>samples/step_XXXXXX.json'
-            "</code>, written by the trainer through <code>tepo.report.tokens.record_rollout_tokens</code>).</p>"
+            "</code>, written by the trainer through <code>tepo.metrics.tokens.record_rollout_tokens</code>).</p>"
         )
     return body
 

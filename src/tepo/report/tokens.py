@@ -1,115 +1,27 @@
-"""Per-token rollout records (``samples/step_XXXXXX.json``) and the token view: each response token coloured by its
-entropy and by its advantage, the view of ERPO's Figure 1 (2603.28204): high-entropy "decision pivots" stand out,
-and the advantage colour says whether the update pushed that token's probability up (positive) or down.
-
-File format (``format: 1``)::
-
-    {"format": 1, "step": 12,
-     "samples": [{"row": 0, "group": 0, "reward": 1.0,
-                  "tokens": ["The", " answer", ...], "entropy": [2.31, 0.12, ...], "advantage": [0.87, ...]}]}
-
-Only tokens under the response mask are kept (the first EOS included, padding dropped). A sequence-level
-advantage (``[N]``) is repeated over the sequence's tokens; a token-level one (``[N, T]``) is kept per token.
+"""The token view of the per-token rollout records (written by :mod:`tepo.metrics.tokens`): each response token
+coloured by its entropy and by its advantage, the view of ERPO's Figure 1 (2603.28204): high-entropy "decision
+pivots" stand out, and the advantage colour says whether the update pushed that token's probability up (positive)
+or down. This module reads and checks the records, picks samples to show and defines the colours.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import os
 from pathlib import Path
 
-SAMPLES_DIR = "samples"
-FORMAT = 1
+from tepo.metrics.tokens import FORMAT, SAMPLES_DIR
 
-
-def _rows(value, name: str) -> list:
-    """A tensor / array / nested list as nested Python lists."""
-    if hasattr(value, "detach"):
-        value = value.detach().float().cpu().tolist()
-    elif hasattr(value, "tolist"):
-        value = value.tolist()
-    if not isinstance(value, list | tuple):
-        raise ValueError(
-            f"record_rollout_tokens: {name} must be a tensor or a list, got {type(value).__name__}"
-        )
-    return list(value)
-
-
-def _finite(x) -> float | None:
-    x = float(x)
-    return round(x, 5) if math.isfinite(x) else None
-
-
-def record_rollout_tokens(
-    run_dir,
-    step: int,
-    tokens: list[list[str]],
-    entropy,
-    advantages,
-    mask,
-    rewards,
-    *,
-    max_rows: int | None = None,
-) -> Path:
-    """Write ``<run_dir>/samples/step_XXXXXX.json`` for one training step.
-
-    ``tokens``: per response row, the decoded response tokens (``len >= `` the row's masked length; see
-    :func:`response_token_strings`); ``entropy`` ``[N, T]``; ``advantages`` ``[N]`` or ``[N, T]``; ``mask``
-    ``[N, T]`` (1 on response tokens); ``rewards`` ``[N]``. ``max_rows`` keeps the first rows only (whole groups
-    first, as rows are grouped). The file is written to a temporary name and renamed, so it is whole or absent.
-    """
-    if not isinstance(step, int) or step < 0:
-        raise ValueError(f"record_rollout_tokens: step must be an int >= 0, got {step!r}")
-    ent, adv, msk, rew = (
-        _rows(entropy, "entropy"),
-        _rows(advantages, "advantages"),
-        _rows(mask, "mask"),
-        _rows(rewards, "rewards"),
-    )
-    n = len(msk)
-    for name, value in (("tokens", tokens), ("entropy", ent), ("advantages", adv), ("rewards", rew)):
-        if len(value) != n:
-            raise ValueError(
-                f"record_rollout_tokens: {name} has {len(value)} rows; mask has {n} (one per response)"
-            )
-    samples = []
-    for i in range(n if max_rows is None else min(n, max_rows)):
-        keep = [t for t, m in enumerate(msk[i]) if m]
-        row_tokens = list(tokens[i])
-        if len(row_tokens) < len(keep) or len(ent[i]) < len(msk[i]):
-            raise ValueError(
-                f"record_rollout_tokens: row {i} has {len(keep)} masked tokens but {len(row_tokens)} token strings "
-                f"and {len(ent[i])} entropy values (expected at least as many as the mask's width {len(msk[i])})"
-            )
-        token_adv = adv[i] if isinstance(adv[i], list) else [adv[i]] * len(msk[i])
-        samples.append(
-            {
-                "row": i,
-                "reward": _finite(rew[i]),
-                "tokens": [str(row_tokens[t]) for t in keep],
-                "entropy": [_finite(ent[i][t]) for t in keep],
-                "advantage": [_finite(token_adv[t]) for t in keep],
-            }
-        )
-    out_dir = Path(run_dir) / SAMPLES_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"step_{step:06d}.json"
-    tmp = out_dir / f".step_{step:06d}.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps({"format": FORMAT, "step": step, "samples": samples}), encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def response_token_strings(tokenizer, response_ids, mask) -> list[list[str]]:
-    """Each response token decoded on its own (masked positions as ``""``), for :func:`record_rollout_tokens`.
-
-    Decoding one id at a time shows token boundaries; a character split across tokens shows as U+FFFD.
-    """
-    ids, msk = _rows(response_ids, "response_ids"), _rows(mask, "mask")
-    return [
-        [tokenizer.decode([int(t)]) if m else "" for t, m in zip(row, mrow)] for row, mrow in zip(ids, msk)
-    ]
+__all__ = [
+    "FORMAT",
+    "SAMPLES_DIR",
+    "advantage_colour",
+    "colour_scales",
+    "entropy_colour",
+    "list_sample_files",
+    "load_samples",
+    "pick_samples",
+    "visible_token",
+]
 
 
 def list_sample_files(run_dir) -> list[Path]:

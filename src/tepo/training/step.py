@@ -15,7 +15,7 @@ import torch
 
 from tepo.advantages import compute_advantages
 from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
-from tepo.report.tokens import record_rollout_tokens, response_token_strings
+from tepo.metrics.tokens import record_rollout_tokens, response_token_strings
 from tepo.rewards.shaping import mask_truncated
 from tepo.training.collect import Collected, collect_rollouts
 from tepo.training.logprob_pass import batch_logprobs

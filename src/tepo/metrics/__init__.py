@@ -1,0 +1,14 @@
+"""What a run records as it trains, and the plain-text tables of it.
+
+- :mod:`tepo.metrics.log`: the per-step ``metrics.jsonl`` log (the record of truth) and its TensorBoard / W&B sinks,
+- :mod:`tepo.metrics.tokens`: per-token rollout records (``samples/step_XXXXXX.json``) for the token view,
+- :mod:`tepo.metrics.tables`: plain-text / Markdown tables.
+
+Readers, plots and the HTML report of these records live in :mod:`tepo.report`.
+"""
+
+from __future__ import annotations
+
+from tepo.metrics.log import MetricsLog, read_metrics, truncate_metrics
+
+__all__ = ["MetricsLog", "read_metrics", "truncate_metrics"]
