@@ -1,24 +1,34 @@
 """TEPO on GSM8K with TRL (GRPOTrainer + accelerate), the loss computed by tepo.
 
+One-step smoke test on CPU, 2 processes (accelerate MULTI_CPU over gloo; the embedded model, 2 prompts x 2
+samples per process, 16 new tokens, nothing saved)::
+
+    torchrun --nproc_per_node 2 examples/trl_gsm8k_tepo.py --smoke
+
 Single process (CPU or one GPU)::
 
-    python examples/trl_gsm8k_tepo.py --model Qwen/Qwen2.5-1.5B-Instruct --data /path/to/gsm8k/train.jsonl
+    python examples/trl_gsm8k_tepo.py --model Qwen/Qwen2.5-1.5B-Instruct
 
 Several GPUs, with vLLM generating in the training processes (colocate mode)::
 
     accelerate launch --num_processes 8 examples/trl_gsm8k_tepo.py \\
         --model Qwen/Qwen2.5-7B-Instruct --use-vllm --bf16
 
-``--data`` is a JSONL file with ``problem`` and ``answer`` fields (tepo's GSM8K format) or a Hugging Face
-dataset name (``openai/gsm8k``, config ``main``: ``question`` / ``answer`` with the final number after ``####``).
-Rewards come from tepo's math-verify reward (`tepo.rewards`), 1.0 for a correct final answer.
-See docs/integrations.md.
+``--data`` is a JSONL file with ``problem`` and ``answer`` fields (tepo's GSM8K format; default
+``$TEPO_DATA_DIR/gsm8k/train.jsonl``) or a Hugging Face dataset name (``openai/gsm8k``, config ``main``:
+``question`` / ``answer`` with the final number after ``####``). ``--model`` is a hub name, a local directory,
+or ``embedded`` (SmolLM2-135M-Instruct, shipped with tepo). Rewards come from tepo's math-verify reward
+(`tepo.rewards`), 1.0 for a correct final answer. With ``--use-vllm``, TRL's importance-sampling correction of the
+vLLM/trainer mismatch is on (TRL's default ``sequence_mask``; ``--vllm-is-mode``) and reaches the tepo loss as
+``is_weights``. See docs/integrations.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
 
@@ -60,18 +70,37 @@ def make_reward(num_workers: int, timeout_s: float):
     return math_verify_reward
 
 
+def default_data() -> str | None:
+    root = os.environ.get("TEPO_DATA_DIR")
+    return str(Path(root) / "gsm8k" / "train.jsonl") if root else None
+
+
+def check_data(source: str | None) -> str:
+    """One clear message for a missing data source, before any model loads."""
+    if source is None:
+        sys.exit("--data is required when $TEPO_DATA_DIR is not set (a GSM8K JSONL file, or openai/gsm8k)")
+    looks_local = source.endswith(".jsonl") or source.startswith((".", "/", "~"))
+    if looks_local and not Path(source).expanduser().is_file():
+        sys.exit(f"--data {source}: no such file (expected a JSONL file with 'problem' and 'answer' fields)")
+    return str(Path(source).expanduser()) if looks_local else source
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct")
-    parser.add_argument("--data", default="/work/shared/data/gsm8k/train.jsonl")
+    parser.add_argument(
+        "--model", default=None, help="hub name, directory or 'embedded' (default: Qwen2.5-1.5B)"
+    )
+    parser.add_argument("--data", default=default_data(), help="default: $TEPO_DATA_DIR/gsm8k/train.jsonl")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N problems")
     parser.add_argument("--output-dir", default="runs/trl-gsm8k-tepo")
     parser.add_argument("--loss", default="tepo", help="a tepo.losses registry name")
     parser.add_argument("--eps", type=float, default=0.2)
     parser.add_argument("--tepo-kl-mask-coef", type=float, default=0.0, help="TEPO v2's KL mask (0: off)")
-    parser.add_argument("--prompts-per-step", type=int, default=8, help="prompts per optimizer step per GPU")
+    parser.add_argument(
+        "--prompts-per-step", type=int, default=8, help="prompts per optimizer step per process"
+    )
     parser.add_argument("--num-generations", type=int, default=8)
     parser.add_argument("--updates-per-rollout", type=int, default=1, help="steps_per_generation / GA")
     parser.add_argument("--max-completion-length", type=int, default=512)
@@ -79,14 +108,35 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=200)
     parser.add_argument("--dynamic-sampling", action="store_true", help="drop all-equal-reward groups")
     parser.add_argument("--use-vllm", action="store_true", help="vLLM generation, colocated with training")
+    parser.add_argument(
+        "--vllm-is-mode",
+        default="sequence_mask",
+        choices=["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off"],
+        help="TRL's importance-sampling correction of the vLLM sampler (with --use-vllm); off disables it",
+    )
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
     parser.add_argument("--reward-workers", type=int, default=4)
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="1 optimizer step on CPU: embedded model (unless --model), 2 prompts x 2 samples per process, "
+        "16 new tokens, nothing saved",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.model = args.model or "embedded"
+        args.limit, args.max_steps, args.cpu = args.limit or 16, 1, True
+        args.prompts_per_step, args.num_generations, args.max_completion_length = 1, 2, 16
+        args.updates_per_rollout, args.reward_workers, args.lr = 1, 1, 1e-6
+    args.model = args.model or "Qwen/Qwen2.5-1.5B-Instruct"
+    data = check_data(args.data)
 
     from trl import GRPOConfig
 
     from tepo.integrations.trl import TepoGRPOTrainer
     from tepo.losses import get_policy_loss
+    from tepo.models import resolve_model_path
 
     loss_options = {"tepo_kl_mask_coef": args.tepo_kl_mask_coef}
     if get_policy_loss(args.loss).has_clip_pair:  # losses with eps_low / eps_high accept the symmetric eps
@@ -94,6 +144,7 @@ def main() -> None:
     per_device = args.prompts_per_step * args.num_generations
     config = GRPOConfig(
         output_dir=args.output_dir,
+        use_cpu=args.cpu,
         per_device_train_batch_size=per_device,
         num_generations=args.num_generations,
         gradient_accumulation_steps=1,
@@ -105,25 +156,35 @@ def main() -> None:
         max_steps=args.max_steps,
         beta=0.0,
         logging_steps=1,
+        save_strategy="no" if args.smoke else "steps",
         save_steps=50,
         bf16=args.bf16,
         use_vllm=args.use_vllm,
         vllm_mode="colocate",
-        # The sampler-mismatch weight is not a tepo loss term (the adapter refuses it rather than dropping it).
-        vllm_importance_sampling_correction=False,
+        # TRL's weights of the vLLM/trainer mismatch; the adapter hands them to the tepo loss as is_weights.
+        vllm_importance_sampling_correction=args.vllm_is_mode != "off",
+        vllm_importance_sampling_mode="sequence_mask" if args.vllm_is_mode == "off" else args.vllm_is_mode,
         report_to="none",
     )
+    reward = make_reward(args.reward_workers, timeout_s=5.0)
     trainer = TepoGRPOTrainer(
-        model=args.model,
-        reward_funcs=make_reward(args.reward_workers, timeout_s=5.0),
+        model=resolve_model_path(args.model),
+        reward_funcs=reward,
         args=config,
-        train_dataset=load_gsm8k(args.data, args.limit),
+        train_dataset=load_gsm8k(data, args.limit),
         loss_name=args.loss,
         loss_options=loss_options,
         dynamic_sampling=args.dynamic_sampling,
     )
     trainer.train()
-    trainer.save_model(args.output_dir)
+    if not args.smoke:
+        trainer.save_model(args.output_dir)
+    losses = [h["tepo/loss"] for h in trainer.state.log_history if "tepo/loss" in h]
+    if trainer.accelerator.is_main_process:
+        print(
+            f"done: {trainer.state.global_step} optimizer step(s) on {trainer.accelerator.num_processes} "
+            f"process(es) ({trainer.accelerator.distributed_type}), tepo/loss {losses}"
+        )
 
 
 if __name__ == "__main__":

@@ -22,9 +22,10 @@ is a multiple of GA (the windows are then fixed groups of GA consecutive slices)
 and sequences of each window over all processes right after generation, and every micro-batch of the window
 calls ``compute_policy_loss(..., num_tokens=T_window / P, num_seqs=N_window / P)``. After the P-average of the
 gradients the update is exactly the gradient of the window's loss as `compute_policy_loss` defines it on the
-whole window, for every aggregation mode. When ``steps_per_generation`` is not a multiple of GA the windows
-straddle generations and their counts are not known in advance: the adapter falls back to TRL's rule (expected
-count) and says so once at start-up. In evaluation (no accumulation) the counts are those of the eval batch.
+whole window, for every aggregation mode (tested on 2 processes under torchrun: the one-step update equals the
+1-process update). When ``steps_per_generation`` is not a multiple of GA the windows straddle generations and
+their counts are not known in advance: the adapter falls back to TRL's rule (expected count) and says so once at
+start-up. In evaluation (no accumulation) the counts are those of the eval batch.
 ``max_len`` (the ``seq-mean-token-sum-norm`` constant) defaults to ``max_completion_length``, as TRL's dr_grpo.
 
 What is taken from TRL's config and what is not
