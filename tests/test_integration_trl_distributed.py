@@ -9,7 +9,8 @@ gradient's scale shows) on one fixed global batch of 8 completions, run three wa
 
 The parameter update must be the same in all three, and equal ``-lr * grad`` of ``compute_policy_loss`` on the
 whole batch computed directly with a plain forward pass, for ``tepo`` (token-mean), ``grpo`` (seq-mean-token-mean)
-and ``dr_grpo`` (seq-mean-token-sum-norm). DDP averages gradients over the processes; the adapter's window counts
+and ``dr_grpo`` (seq-mean-token-sum-norm), and for ``grpo`` with sequence-level vLLM importance-sampling weights
+in the batch (as TRL's ``sequence_mask`` mode leaves them: two sequences at weight 0, still counted). DDP averages gradients over the processes; the adapter's window counts
 (``_annotate_counts``: global tokens and sequences of the optimizer window, divided by P) are what make that
 average the gradient of the global loss.
 
@@ -37,7 +38,14 @@ from trl import GRPOConfig
 from tepo.integrations.trl import TepoGRPOTrainer
 from tepo.losses import compute_policy_loss
 
-LOSSES = ("tepo", "grpo", "dr_grpo")
+# case -> (loss name, whether the batch carries TRL's vLLM importance_sampling_ratio)
+CASES = {
+    "tepo": ("tepo", False),
+    "grpo": ("grpo", False),
+    "dr_grpo": ("dr_grpo", False),
+    "grpo+is": ("grpo", True),
+}
+IS_RATIO = torch.tensor([[1.3], [0.0], [0.8], [1.1], [0.0], [0.7], [1.4], [0.9]])  # [N, 1], sequence mode
 GLOBAL_ROWS, NUM_GENERATIONS, MAX_COMPLETION, LR = 8, 4, 8, 1.0
 # name -> (per_device_train_batch_size, steps_per_generation = gradient_accumulation_steps)
 LAYOUTS_2 = {"2 ranks": (4, 1), "2 ranks x GA 2": (2, 2)}
@@ -112,6 +120,10 @@ def one_step_update(model_dir, batch, loss_name, per_device, accumulation, outpu
     return update, trainer.accelerator
 
 
+def _case_batch(batch, with_is):
+    return {**batch, "importance_sampling_ratio": IS_RATIO} if with_is else batch
+
+
 def worker(argv):
     """Entry point under torchrun: every loss x 2-rank layout; rank 0 saves the updates."""
     parser = argparse.ArgumentParser()
@@ -122,17 +134,22 @@ def worker(argv):
     torch.set_num_threads(1)
     batch = torch.load(args.batch)
     results = {}
-    for name in LOSSES:
+    for case, (name, with_is) in CASES.items():
         for layout, (per_device, accumulation) in LAYOUTS_2.items():
             update, accelerator = one_step_update(
-                args.model, batch, name, per_device, accumulation, Path(args.out).parent / "run"
+                args.model,
+                _case_batch(batch, with_is),
+                name,
+                per_device,
+                accumulation,
+                Path(args.out).parent / "run",
             )
             assert accelerator.num_processes == 2, accelerator.num_processes
             assert accelerator.distributed_type.value == "MULTI_CPU", accelerator.distributed_type
             # DDP keeps the replicas identical: every rank took the same step
             gathered = accelerator.gather(update.unsqueeze(0))
             torch.testing.assert_close(gathered[0], gathered[1], rtol=0, atol=0)
-            results[f"{name}/{layout}"] = update
+            results[f"{case}/{layout}"] = update
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(results, args.out)
 
@@ -199,9 +216,12 @@ def _recorded_batch(model_dir) -> dict[str, torch.Tensor]:
 def _direct_update(model_dir, batch, name) -> torch.Tensor:
     """``-lr * grad`` of compute_policy_loss on the whole batch, with no trainer involved."""
     model = LlamaForCausalLM.from_pretrained(model_dir)
+    logps = _logps(model, batch)
+    ratio = batch.get("importance_sampling_ratio")
     loss, _ = compute_policy_loss(
         name,
-        logp=_logps(model, batch),
+        logp=logps,
+        is_weights=None if ratio is None else ratio.expand_as(logps),
         old_logp=batch["old_per_token_logps"],
         advantages=batch["advantages"],
         mask=batch["completion_mask"],
@@ -231,15 +251,16 @@ def test_two_rank_update_equals_one_rank_update(tiny_model_dir, tmp_path, one_to
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     two_rank = torch.load(out)
 
-    for name in LOSSES:
-        one_rank, _ = one_step_update(tiny_model_dir, batch, name, GLOBAL_ROWS, 1, tmp_path / "one")
-        direct = _direct_update(tiny_model_dir, batch, name)
-        _assert_same_update(one_rank, direct, f"{name}: 1 rank vs direct")
+    for case, (name, with_is) in CASES.items():
+        case_batch = _case_batch(batch, with_is)
+        one_rank, _ = one_step_update(tiny_model_dir, case_batch, name, GLOBAL_ROWS, 1, tmp_path / "one")
+        direct = _direct_update(tiny_model_dir, case_batch, name)
+        _assert_same_update(one_rank, direct, f"{case}: 1 rank vs direct")
         for layout in LAYOUTS_2:
-            _assert_same_update(two_rank[f"{name}/{layout}"], one_rank, f"{name}: {layout} vs 1 rank")
-    # the losses differ, so the equalities above are not one update compared with itself
-    assert not torch.allclose(two_rank["tepo/2 ranks"], two_rank["grpo/2 ranks"], rtol=1e-3)
-    assert not torch.allclose(two_rank["grpo/2 ranks"], two_rank["dr_grpo/2 ranks"], rtol=1e-3)
+            _assert_same_update(two_rank[f"{case}/{layout}"], one_rank, f"{case}: {layout} vs 1 rank")
+    # the cases differ, so the equalities above are not one update compared with itself
+    for a, b in (("tepo", "grpo"), ("grpo", "dr_grpo"), ("grpo", "grpo+is")):
+        assert not torch.allclose(two_rank[f"{a}/2 ranks"], two_rank[f"{b}/2 ranks"], rtol=1e-3), (a, b)
 
 
 if __name__ == "__main__":
