@@ -65,3 +65,20 @@ def test_documented_smoke_launch_runs_on_two_processes(tmp_path):
     assert len(losses.split(",")) == 1 and float(losses) == float(losses)  # logged once, not NaN
     assert "'rewards/math_verify_reward/mean'" in output and "'tepo/entropy'" in output
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").rglob("*.safetensors"))
+
+
+def test_example_names_a_missing_data_source_before_loading_anything(tmp_path):
+    script = str(ROOT / "examples" / "trl_gsm8k_tepo.py")
+    env = {k: v for k, v in os.environ.items() if k != "TEPO_DATA_DIR"}
+    proc = subprocess.run(
+        [sys.executable, script, "--smoke"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 1 and "--data is required when $TEPO_DATA_DIR is not set" in proc.stderr
+    missing = tmp_path / "gsm8k" / "train.jsonl"
+    proc = subprocess.run(
+        [sys.executable, script, "--smoke", "--data", str(missing)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1 and f"--data {missing}: no such file" in proc.stderr
