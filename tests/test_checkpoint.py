@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import tiny_llama
 from tepo.checkpoint import (
     MANIFEST,
     CheckpointError,
@@ -32,21 +32,12 @@ from tepo.checkpoint import (
 from tepo.metrics import read_metrics
 
 
-def tiny_llama(seed: int, *, tied: bool = True) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, tie_word_embeddings=tied,
-    )  # fmt: skip
-    return LlamaForCausalLM(config)
-
-
 def _draws() -> tuple:
     return torch.rand(3).tolist(), random.random(), random.gauss(0, 1), np.random.rand(2).tolist()
 
 
 def test_round_trip_restores_weights_tied_head_optimizer_and_rng(tmp_path):
-    model = tiny_llama(0)
+    model = tiny_llama(0, tie=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model(torch.tensor([[1, 2, 3]])).logits.sum().backward()
     optimizer.step()
@@ -62,7 +53,7 @@ def test_round_trip_restores_weights_tied_head_optimizer_and_rng(tmp_path):
     assert "lm_head.weight" not in saved, "the tied head is stored once, as embed_tokens"
     assert verify_checkpoint(path) is None
 
-    other = tiny_llama(1)  # different weights everywhere
+    other = tiny_llama(1, tie=True)  # different weights everywhere
     other_optimizer = torch.optim.AdamW(other.parameters(), lr=1e-2)
     checkpoint = find_latest_checkpoint(tmp_path)
     assert checkpoint.step == 7 and checkpoint.path == path
@@ -83,7 +74,7 @@ def test_round_trip_restores_weights_tied_head_optimizer_and_rng(tmp_path):
 
 
 def test_untied_model_round_trip_keeps_separate_head(tmp_path):
-    model, other = tiny_llama(0, tied=False), tiny_llama(1, tied=False)
+    model, other = tiny_llama(0), tiny_llama(1)
     path = save_checkpoint(tmp_path, 1, model, {"rng": rng_state()})
     assert "lm_head.weight" in load_file(str(path / "model.safetensors"))
     load_checkpoint(find_latest_checkpoint(tmp_path), other)
@@ -94,7 +85,7 @@ def test_untied_model_round_trip_keeps_separate_head(tmp_path):
 def test_weights_that_do_not_fit_the_model_are_an_error(tmp_path):
     save_checkpoint(tmp_path, 1, torch.nn.Linear(2, 2), {})
     with pytest.raises(CheckpointError, match="weights do not fit the model"):
-        load_checkpoint(find_latest_checkpoint(tmp_path), tiny_llama(0))
+        load_checkpoint(find_latest_checkpoint(tmp_path), tiny_llama(0, tie=True))
 
 
 def test_keep_prunes_old_checkpoints_and_torn_temporaries(tmp_path):

@@ -6,28 +6,11 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import tiny_llama
 from tepo.logprobs import _ChunkScorer, _TargetLogpAndEntropy, default_chunk_size, response_logprobs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def tiny_llama(vocab_size: int = 97, tie: bool = False) -> LlamaForCausalLM:
-    """A real (randomly initialised) Llama small enough for exact float32 checks in milliseconds."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(config).eval()
 
 
 def make_batch(prompt_lens, response_lens, prompt_width, response_width, vocab=97, seed=1):

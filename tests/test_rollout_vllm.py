@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from helpers import vllm_python_or_skip
 from tepo.config import RolloutConfig
 from tepo.rollout import choose_rollout_backend
 from tepo.rollout.base import batch_from_responses
@@ -173,17 +174,10 @@ def test_a_server_that_hangs_is_stopped_after_the_timeout(embedded_model, tmp_pa
 # ---- the real vLLM -------------------------------------------------------------------------------------------
 
 
-def _vllm_python_or_skip() -> str:
-    try:
-        return find_vllm_python()
-    except VLLMServerError as err:
-        pytest.skip(f"vLLM is not installed: {err}")
-
-
 @pytest.fixture(scope="module")
 def fp32_engine(embedded_model, tmp_path_factory):
     """A float32 vLLM engine over a private copy of the embedded model (the tests change its weights)."""
-    python = _vllm_python_or_skip()
+    python = vllm_python_or_skip()
     model, tokenizer = embedded_model
     model = copy.deepcopy(model)
     log = tmp_path_factory.mktemp("vllm") / "server.log"
@@ -288,7 +282,7 @@ def test_a_bf16_engine_is_a_different_behaviour_policy(embedded_model, chat_prom
     trainer's but not equal (the gap off-policy corrections see; docs/offpolicy.md)."""
     from tepo.logprobs import response_logprobs
 
-    python = _vllm_python_or_skip()
+    python = vllm_python_or_skip()
     model, tokenizer = embedded_model
     with VLLMRollout(model, tokenizer, python=python, dtype="bfloat16", log_path=tmp_path / "log") as engine:
         batch = engine.generate(chat_prompts, num_samples=4, max_new_tokens=16, seed=3, return_logprobs=True)
@@ -315,7 +309,7 @@ def test_a_training_run_with_vllm_syncs_after_every_update_and_stops_its_server(
     from tepo.config import load_config
     from tepo.training import Trainer
 
-    python = _vllm_python_or_skip()
+    python = vllm_python_or_skip()
     config = load_config(
         "default",
         [
@@ -357,7 +351,7 @@ def test_the_server_exits_when_its_trainer_is_killed(tmp_path, embedded_model_di
     import subprocess
     import sys
 
-    python = _vllm_python_or_skip()
+    python = vllm_python_or_skip()
     script = tmp_path / "trainer.py"
     script.write_text(
         "import sys, time\n"
@@ -407,7 +401,7 @@ def test_tepo_eval_with_the_vllm_engine(tmp_path, embedded_model_dir, capsys):
     answers as the trainer's float32 model would give (the float32 engine is exact, see above)."""
     from tepo.cli import main
 
-    _vllm_python_or_skip()
+    vllm_python_or_skip()
     bench = tmp_path / "easy.jsonl"
     problems = [("What is 2+3?", "5"), ("What is 7 times 6?", "42"), ("Compute 10-4.", "6")]
     bench.write_text("".join(json.dumps({"problem": q, "answer": a}) + "\n" for q, a in problems))

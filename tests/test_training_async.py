@@ -9,24 +9,17 @@ import shutil
 import pytest
 import torch
 
+from helpers import vllm_python_or_skip
 from tepo.checkpoint import find_latest_checkpoint
 from tepo.config import load_config, save_config
 from tepo.metrics import read_metrics
-from tepo.rollout.vllm import VLLMServerError, find_vllm_python
 from tepo.training import Trainer, resume
 
 pytestmark = [pytest.mark.model]
 
 
-def _vllm_python_or_skip() -> str:
-    try:
-        return find_vllm_python()
-    except VLLMServerError as err:
-        pytest.skip(f"vLLM is not installed: {err}")
-
-
 def test_async_run_samples_one_step_behind_and_resumes_without_losing_a_step(tmp_path, embedded_model_dir):
-    python = _vllm_python_or_skip()
+    python = vllm_python_or_skip()
     prompts = 2
     config = load_config(
         "default",
