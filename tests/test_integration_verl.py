@@ -2,8 +2,8 @@
 
 verl 0.9.1 pins dependencies that clash with tepo's environment, so a session fixture builds ``.venv-verl`` in
 the repository root (once; later runs reuse it): ``python -m venv``, ``pip install torch==2.13.0``,
-``pip install -c constraints.txt verl==0.9.1 uvicorn fastapi`` (verl's engine workers import both without
-declaring them), ``pip install -e . --no-deps``. That is about a minute from a warm package cache but about
+``pip install -c constraints.txt verl==0.9.1 uvicorn fastapi cachetools`` (verl's engine workers and its PPO
+driver import these without declaring them), ``pip install -e . --no-deps``. That is about a minute from a warm package cache but about
 2 GB of downloads on a fresh machine, hence ``@pytest.mark.slow`` (opt in: ``pytest -m slow
 tests/test_integration_verl.py``). The fixture skips only when pip cannot reach a package index.
 
@@ -11,7 +11,9 @@ The checks run in a subprocess inside that environment (`CHECK_SCRIPT`): verl's 
 loaded our plugin through the ``verl.plugins`` entry point (and, in a second process, through
 ``VERL_USE_EXTERNAL_MODULES``), ``get_policy_loss_fn`` must resolve every name, and each returns the value and
 gradient of ``compute_policy_loss`` on the same tensors with verl's global batch info, including a simulated
-2-rank data-parallel split.
+2-rank data-parallel split, with and without verl's ``rollout_is_weights`` (``compute_policy_loss(...,
+is_weights=...)``, and verl's own ``vanilla`` loss with the same weights). The actor's loss path on a real model
+forward is in tests/test_integration_verl_actor.py.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ import verl, tepo
 assert verl.__version__ == {VERL_VERSION!r}, verl.__version__
 assert pathlib.Path(tepo.__file__).resolve().is_relative_to(pathlib.Path({str(ROOT / "src")!r}))
 assert any(ep.name == "tepo" for ep in m.entry_points(group="verl.plugins"))
+import cachetools  # verl's PPO driver imports it without declaring it
 """
 
 
@@ -77,7 +80,7 @@ def verl_python() -> Path:
         created = _run([sys.executable, "-m", "venv", VENV])
         assert created.returncode == 0, created.stderr
     _pip("torch==2.13.0")
-    _pip("-c", "constraints.txt", f"verl=={VERL_VERSION}", "uvicorn", "fastapi")
+    _pip("-c", "constraints.txt", f"verl=={VERL_VERSION}", "uvicorn", "fastapi", "cachetools")
     _pip("-e", ".", "--no-deps")  # also refreshes the verl.plugins entry point after pyproject changes
     ready = _run([_python(), "-c", _READY_CHECK], timeout=300)
     assert ready.returncode == 0, f"verl environment not usable:\n{ready.stderr[-3000:]}"
@@ -123,20 +126,24 @@ CHECK_SCRIPT = textwrap.dedent(
     old = base_logp + 0.2 * torch.randn(N, T, generator=gen)
     adv = torch.randn(N, generator=gen).unsqueeze(-1).expand(N, T).contiguous()
 
-    def verl_call(mode, cfg, rows, info):
+    # verl's rollout_is_weights: detached, zero on padding (rollout_corr_helper multiplies by response_mask)
+    is_w = (0.25 + 1.5 * torch.rand(N, T, generator=gen)) * mask
+
+    def verl_call(mode, cfg, rows, info, weights=None):
         cfg.global_batch_info.clear()
         cfg.global_batch_info.update(info)
         logp = base_logp.clone().requires_grad_(True)
         loss, metrics = get_policy_loss_fn(mode)(
             old_log_prob=old[rows], log_prob=logp[rows], advantages=adv[rows], response_mask=mask[rows],
-            loss_agg_mode=cfg.loss_agg_mode, config=cfg, rollout_is_weights=None)
+            loss_agg_mode=cfg.loss_agg_mode, config=cfg,
+            rollout_is_weights=None if weights is None else weights[rows])
         loss.backward()
         return loss.detach(), logp.grad, metrics
 
-    def ours(name, options, agg):
+    def ours(name, options, agg, weights=None):
         logp = base_logp.clone().requires_grad_(True)
         loss, _ = compute_policy_loss(name, logp=logp, old_logp=old, advantages=adv, mask=mask, agg=agg,
-                                      **options)
+                                      is_weights=weights, **options)
         loss.backward()
         return loss.detach(), logp.grad
 
@@ -181,11 +188,38 @@ CHECK_SCRIPT = textwrap.dedent(
             torch.testing.assert_close(value, want, rtol=1e-5, atol=1e-7)
             torch.testing.assert_close(grad, want_grad, rtol=1e-5, atol=1e-7)
             result["dp2"] = True
+        # rollout_is_weights reach the loss as compute_policy_loss's is_weights
+        want_w, want_w_grad = ours(name, {**mine, "max_len": 9.0}, use_agg, is_w)
+        got_w, got_w_grad, _ = verl_call(mode, cfg, whole, info, is_w)
+        torch.testing.assert_close(got_w, want_w, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(got_w_grad, want_w_grad, rtol=1e-6, atol=1e-7)
+        assert not torch.allclose(got_w, got), f"{mode}: weights changed nothing"
+        result["is_weights"] = True
         checked[mode] = result
+
+    # verl's own vanilla loss with the same weights = our dapo (token-level clip, token-mean; vanilla's dual clip
+    # is inactive with clip_ratio_c=10 at these ratios), with and without weights, whole and in 2 dp ranks.
+    vanilla = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode="token-mean",
+                          clip_ratio=0.2, clip_ratio_c=10.0)
+    dapo = actor_config({"loss_mode": "dapo", "eps": 0.2})
+    info = {"dp_size": 1, "batch_num_tokens": int(mask.sum()), "global_batch_size": N, "loss_scale_factor": None}
+    for weights in (None, is_w):
+        v_val, v_grad, _ = verl_call("vanilla", vanilla, whole, info, weights)
+        d_val, d_grad, _ = verl_call("dapo", dapo, whole, info, weights)
+        torch.testing.assert_close(d_val, v_val, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(d_grad, v_grad, rtol=1e-6, atol=1e-7)
+        halves = [torch.arange(0, N // 2), torch.arange(N // 2, N)]
+        info2 = dict(info, dp_size=2)
+        v_parts = [verl_call("vanilla", vanilla, rows, info2, weights) for rows in halves]
+        d_parts = [verl_call("dapo", dapo, rows, info2, weights) for rows in halves]
+        for v_part, d_part in zip(v_parts, d_parts):
+            torch.testing.assert_close(d_part[0], v_part[0], rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(d_part[1], v_part[1], rtol=1e-6, atol=1e-7)
+    checked["vanilla=dapo"] = {"value": float(v_val), "is_weights": True}
 
     # Refusals: one clear error, at config time and at call time.
     errors = {}
-    for bad in ({"loss_mode": "tepo", "tepo_kl_mask_coef": 0.1}, {"loss_mode": "tepo", "entropy_coef": 0.01},
+    for bad in ({"loss_mode": "tepo", "entropy_coef": 0.01},
                 {"loss_mode": "tepo.kl_cov", "eps": 0.2}, {"loss_mode": "grpo", "kl_coef": 0.1}):
         try:
             actor_config(bad)
@@ -193,14 +227,16 @@ CHECK_SCRIPT = textwrap.dedent(
             errors[json.dumps(bad)] = str(exc)
         else:
             raise AssertionError(f"accepted {bad}")
-    cfg = actor_config({"loss_mode": "tepo"})
+    # TEPO v2 is accepted in the config, but a registered loss called without entropies (verl's plain ppo_loss)
+    # refuses rather than dropping the mask term.
+    cfg = actor_config({"loss_mode": "tepo", "tepo_kl_mask_coef": 0.1})
     try:
         get_policy_loss_fn("tepo")(old_log_prob=old, log_prob=base_logp, advantages=adv, response_mask=mask,
-                                   config=cfg, rollout_is_weights=torch.ones(N, T))
+                                   config=cfg, rollout_is_weights=None)
     except ValueError as exc:
-        errors["rollout_is_weights"] = str(exc)
+        errors["tepo_kl_mask_coef"] = str(exc)
     else:
-        raise AssertionError("rollout_is_weights accepted")
+        raise AssertionError("tepo_kl_mask_coef ran without entropies")
     print(json.dumps({"via": via, "checked": checked, "errors": errors, "names": names}))
     """
 )
@@ -219,16 +255,18 @@ def _check(verl_python: Path, tmp_path: Path, env_overrides: dict) -> dict:
 def test_verl_registry_resolves_our_losses_via_entry_point(verl_python, tmp_path):
     report = _check(verl_python, tmp_path, {})
     assert report["via"] == "entry point"
-    assert len(report["checked"]) == 13
+    assert len(report["checked"]) == 14
     assert sum(1 for r in report["checked"].values() if r.get("dp2")) == 10
+    assert all(r.get("is_weights") for r in report["checked"].values())
     assert "tepo.gspo" in report["names"] and "gspo" not in report["names"]  # verl's builtin gspo kept
     assert report["names"]["tepo"] == "tepo"
     errors = report["errors"]
-    assert any("tepo_kl_mask_coef" in e and "entropies" in e for e in errors.values())
+    assert (
+        "tepo_ppo_loss" in errors["tepo_kl_mask_coef"] and "calculate_entropy" in errors["tepo_kl_mask_coef"]
+    )
     assert any("entropy_coeff" in e for e in errors.values())
     assert any("not an option of loss 'kl_cov'" in e for e in errors.values())
     assert any("kl_loss_coef" in e for e in errors.values())
-    assert "rollout correction" in errors["rollout_is_weights"]
 
 
 def test_verl_plugin_via_external_modules_env(verl_python, tmp_path):
@@ -238,7 +276,7 @@ def test_verl_plugin_via_external_modules_env(verl_python, tmp_path):
         {"VERL_USE_EXTERNAL_PLUGINS": "none", "VERL_USE_EXTERNAL_MODULES": "tepo.integrations.verl_plugin"},
     )
     assert report["via"] == "tepo.integrations.verl_plugin"
-    assert len(report["checked"]) == 13
+    assert len(report["checked"]) == 14
 
 
 COMPOSE_SCRIPT = textwrap.dedent(

@@ -24,42 +24,58 @@ Global counts: verl's actor fills ``config.global_batch_info`` (``dp_size``, ``b
 is invariant to data-parallel and micro-batch splits. Aggregation: ``policy_loss.agg`` if set, else verl's
 ``actor.loss_agg_mode`` (verl applies the same mode to its entropy bonus and KL loss).
 
-What verl does not hand a registered loss
------------------------------------------
-verl 0.9.1 calls a registered loss with log-probs, old log-probs, advantages, the mask, the aggregation mode,
-the actor config and rollout-correction weights only. Per-token entropy is used by verl itself (its entropy
-bonus) and pi_old's entropies are computed in ``_compute_old_log_prob`` and then dropped by the driver before
-the update. Hence, refused with an error at config time and at call time (never silently dropped):
+Rollout correction
+------------------
+verl's ``algorithm.rollout_correction`` computes ``rollout_is_weights`` on the driver (detached, zero on padding)
+and, for its rejection modes, ANDs the rejection into ``response_mask`` before the update; ``ppo_loss`` hands
+both to the registered loss. Our losses multiply the weights into their per-token term before aggregation
+(``compute_policy_loss(..., is_weights=rollout_is_weights)``), exactly where verl's own losses do
+(``pg_losses * rollout_is_weights``), and aggregate over the (already rejected) mask with verl's global counts.
 
-- ``tepo_kl_mask_coef`` (TEPO v2's mask needs H and H_old): not available in verl; use `tepo`'s trainer or
-  the TRL adapter.
+TEPO v2 (``tepo_kl_mask_coef``): per-token entropies
+-----------------------------------------------------
+verl 0.9.1 calls a registered loss with log-probs, old log-probs, advantages, the mask, the aggregation mode,
+the actor config and rollout-correction weights only. TEPO v2's KL mask also needs the current policy's
+per-token entropy ``H`` and pi_old's ``H_old``. `tepo_ppo_loss` is verl's own actor loss
+(``verl.workers.utils.losses.ppo_loss``, unchanged: entropy bonus, KL loss and metrics stay verl's) that first
+makes both available to our registered loss for the duration of the call: ``H`` from the actor's forward
+(``model_output["entropy"]``, present when ``actor.calculate_entropy=True``) and ``H_old`` from the update's
+batch: the field ``entropy`` where verl's v1 driver (its default) stored its pi_old pass, or `OLD_ENTROPY_KEY`
+where `verl_workers.TepoRayPPOTrainer` keeps the ``entropys`` that verl's legacy driver computes and drops.
+`verl_workers` installs `tepo_ppo_loss` as the actor's loss for either driver (see there). A loss with ``tepo_kl_mask_coef != 0`` called without them
+(verl's plain ``ppo_loss``) raises a ValueError naming what is missing; it never silently drops the term.
+
+Still refused, with the verl setting that computes the same term:
+
 - ``entropy_coef``: use verl's ``actor.entropy_coeff``, which adds the same ``-coef * agg(H)``.
 - ``kl_coef`` / ``kl_estimator``: use verl's ``actor.use_kl_loss=True``, ``kl_loss_coef``, ``kl_loss_type``
   (``low_var_kl`` is k3) — the same ``coef * agg(KL(pi || pi_ref))``.
-- rollout-correction weights (``rollout_is_weights``, from verl's ``algorithm.rollout_correction``): no
-  registry loss multiplies by them; turn rollout correction off or use a verl builtin.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, fields
 from typing import Any
 
+import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 from verl.workers.config import PolicyLossConfig
 
 from tepo.losses import POLICY_LOSSES, compute_policy_loss, get_policy_loss, valid_options
 
 PREFIX = "tepo."
+# Batch field holding pi_old's per-token entropies [N, T] (what verl's _compute_old_log_prob returns as
+# "entropys"); read by `tepo_ppo_loss` for TEPO v2's KL mask.
+OLD_ENTROPY_KEY = "old_entropys"
+# verl's v1 driver keeps pi_old's entropies itself, as the per-response field "entropy" of the update's batch.
+V1_OLD_ENTROPY_KEY = "entropy"
 
 # verl's own PolicyLossConfig fields that are options of our losses under the same name.
 _VERL_SHARED_FIELDS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio")
 # Our options verl cannot feed, with the verl setting that computes the same term (None: no equivalent).
 _REFUSED = {
-    "tepo_kl_mask_coef": (
-        "TEPO v2's KL mask needs per-token entropies of pi and pi_old; verl 0.9 passes neither to a registered "
-        "loss (pi_old's entropies are dropped before the update). Use tepo's trainer or the TRL adapter"
-    ),
     "entropy_coef": "use verl's actor_rollout_ref.actor.entropy_coeff, which adds the same -coef * agg(H)",
     "kl_coef": (
         "use verl's actor_rollout_ref.actor.use_kl_loss=True with kl_loss_coef and kl_loss_type (low_var_kl = k3),"
@@ -67,6 +83,10 @@ _REFUSED = {
     ),
     "kl_estimator": "use verl's actor_rollout_ref.actor.kl_loss_type (low_var_kl = k3)",
 }
+# Per-token tensors verl does not pass to a registered loss, set by `tepo_ppo_loss` for one call.
+_TOKEN_TENSORS: ContextVar[dict[str, torch.Tensor] | None] = ContextVar(
+    "tepo_verl_token_tensors", default=None
+)
 
 
 @dataclass
@@ -74,8 +94,9 @@ class TepoPolicyLossConfig(PolicyLossConfig):
     """verl's `PolicyLossConfig` plus the options of the `tepo.losses` registry (None: the loss's default).
 
     ``eps`` sets eps_low = eps_high. ``agg`` overrides verl's ``loss_agg_mode`` for our losses only.
-    ``entropy_coef``, ``kl_coef``, ``kl_estimator`` and ``tepo_kl_mask_coef`` exist only to be refused with a
-    message naming what to use instead (see the module docstring).
+    ``tepo_kl_mask_coef`` (TEPO v2) needs `tepo_ppo_loss` as the actor's loss (see `verl_workers`).
+    ``entropy_coef``, ``kl_coef`` and ``kl_estimator`` exist only to be refused with a message naming what to use
+    instead (see the module docstring).
     """
 
     eps: float | None = None
@@ -161,11 +182,6 @@ def make_verl_loss(name: str):
         config=None,
         rollout_is_weights=None,
     ):
-        if rollout_is_weights is not None:
-            raise ValueError(
-                f"loss {name!r} received rollout-correction weights (verl's algorithm.rollout_correction): no tepo "
-                "loss multiplies by them; disable rollout correction (or use a verl builtin loss)"
-            )
         options = options_from_config(_get(config, "policy_loss"), name)
         info = dict(_get(config, "global_batch_info") or {})
         dp_size = _count(info, "dp_size") or 1.0
@@ -179,6 +195,21 @@ def make_verl_loss(name: str):
             options["num_seqs"] = seqs / dp_size
         if scale is not None:
             options["max_len"] = scale
+        token_tensors = {}
+        if options.get("tepo_kl_mask_coef"):
+            token_tensors = _TOKEN_TENSORS.get() or {}
+            missing = [key for key in ("entropy", "old_entropy") if token_tensors.get(key) is None]
+            if missing:
+                raise ValueError(
+                    f"policy_loss.tepo_kl_mask_coef={options['tepo_kl_mask_coef']!r} (TEPO v2) needs per-token "
+                    f"entropies of pi and pi_old, but {' and '.join(missing)} did not reach loss {name!r}: the actor "
+                    "loss must be tepo.integrations.verl.tepo_ppo_loss, with actor_rollout_ref.actor."
+                    "calculate_entropy=True and pi_old's entropies in the batch: set trainer.v1.trainer_mode="
+                    "tepo_sync (verl's v1 driver) or run `python -m tepo.integrations.verl_main` (legacy driver); "
+                    "see tepo.integrations.verl_workers"
+                )
+        # verl's rollout_is_weights are detached constants (zero on padding); rejected tokens are already out of
+        # response_mask. Multiplied into the per-token term before aggregation, as verl's own losses do.
         loss, metrics = compute_policy_loss(
             name,
             logp=log_prob,
@@ -186,6 +217,9 @@ def make_verl_loss(name: str):
             advantages=advantages,
             mask=response_mask,
             num_tokens=None if tokens is None else tokens / dp_size,
+            is_weights=None if rollout_is_weights is None else rollout_is_weights.detach(),
+            entropy=token_tensors.get("entropy"),
+            old_entropy=token_tensors.get("old_entropy"),
             **options,
         )
         return loss, {f"actor/tepo/{key}": value for key, value in metrics.items()}
@@ -219,3 +253,42 @@ def register_with_verl() -> dict[str, str]:
 def registered_names() -> dict[str, str]:
     """{verl loss_mode: tepo loss name} registered so far (empty before `register_with_verl`)."""
     return dict(_REGISTERED)
+
+
+@contextmanager
+def token_tensors(entropy: torch.Tensor | None, old_entropy: torch.Tensor | None):
+    """Hand per-token ``entropy`` (pi, with gradient) and ``old_entropy`` (pi_old) [N, T] to our registered
+    losses called inside the block (verl's loss signature has no place for them)."""
+    token = _TOKEN_TENSORS.set({"entropy": entropy, "old_entropy": old_entropy})
+    try:
+        yield
+    finally:
+        _TOKEN_TENSORS.reset(token)
+
+
+def tepo_ppo_loss(config, model_output, data, dp_group=None):
+    """verl's actor loss ``verl.workers.utils.losses.ppo_loss`` with TEPO v2's per-token entropies available.
+
+    Same signature and result as verl's ``ppo_loss(config, model_output, data, dp_group)`` (policy loss through
+    verl's registry, verl's entropy bonus and KL loss, verl's metrics). In addition our registered loss sees
+    ``H = model_output["entropy"]`` (present when the update runs with ``calculate_entropy``) and ``H_old =
+    data[OLD_ENTROPY_KEY]`` (verl's legacy driver through `TepoRayPPOTrainer`) or ``data["entropy"]`` (what verl's
+    v1 driver stores from its pi_old pass), both brought to verl's padded [N, T] response layout as ``ppo_loss`` does for the
+    log-probs, so ``tepo_kl_mask_coef`` works. Other losses are unaffected.
+    """
+    from verl.workers.utils.losses import ppo_loss
+    from verl.workers.utils.padding import no_padding_2_padding
+
+    entropy = model_output.get("entropy", None)
+    if entropy is not None:
+        entropy = no_padding_2_padding(entropy, data)
+    old_entropy = None
+    key = next((k for k in (OLD_ENTROPY_KEY, V1_OLD_ENTROPY_KEY) if k in data), None)
+    if key is not None:
+        # padded as ppo_loss pads its per-response fields (jointly with response_mask)
+        padded = data.select("response_mask", key).to_padded_tensor()
+        old_entropy, width = padded[key], padded["response_mask"].shape[-1]
+        if old_entropy.shape[-1] < width:  # a nested field shorter than a dense mask: pad the masked tail
+            old_entropy = torch.nn.functional.pad(old_entropy, (0, width - old_entropy.shape[-1]))
+    with token_tensors(entropy, None if old_entropy is None else old_entropy.detach()):
+        return ppo_loss(config, model_output, data, dp_group)
