@@ -32,7 +32,7 @@ import torch
 
 pytest.importorskip("trl")
 from datasets import Dataset
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoTokenizer, LlamaForCausalLM
 from trl import GRPOConfig
 
 from tepo.integrations.trl import TepoGRPOTrainer
@@ -157,28 +157,6 @@ def worker(argv):
 # ----------------------------------------------------------------------------------------------------------
 # The test (pytest process).
 # ----------------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, embedded_model_dir):
-    """A 2-layer Llama (random weights from a config) with the embedded model's tokenizer, saved to disk."""
-    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    out = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def _logps(model, batch):
