@@ -2,8 +2,8 @@
 
 verl 0.9.1 pins dependencies that clash with tepo's environment, so a session fixture builds ``.venv-verl`` in
 the repository root (once; later runs reuse it): ``python -m venv``, ``pip install torch==2.13.0``,
-``pip install -c constraints.txt verl==0.9.1 uvicorn fastapi cachetools`` (verl's engine workers and its PPO
-driver import these without declaring them), ``pip install -e . --no-deps``. That is about a minute from a warm package cache but about
+``pip install -c constraints.txt verl==0.9.1 uvicorn fastapi cachetools TransferQueue`` (verl's engine workers
+and its PPO drivers import these without declaring them), ``pip install -e . --no-deps``. That is about a minute from a warm package cache but about
 2 GB of downloads on a fresh machine, hence ``@pytest.mark.slow`` (opt in: ``pytest -m slow
 tests/test_integration_verl.py``). The fixture skips only when pip cannot reach a package index.
 
@@ -67,7 +67,7 @@ import verl, tepo
 assert verl.__version__ == {VERL_VERSION!r}, verl.__version__
 assert pathlib.Path(tepo.__file__).resolve().is_relative_to(pathlib.Path({str(ROOT / "src")!r}))
 assert any(ep.name == "tepo" for ep in m.entry_points(group="verl.plugins"))
-import cachetools  # verl's PPO driver imports it without declaring it
+import cachetools, transfer_queue  # verl's PPO drivers import them without declaring them
 """
 
 
@@ -80,7 +80,15 @@ def verl_python() -> Path:
         created = _run([sys.executable, "-m", "venv", VENV])
         assert created.returncode == 0, created.stderr
     _pip("torch==2.13.0")
-    _pip("-c", "constraints.txt", f"verl=={VERL_VERSION}", "uvicorn", "fastapi", "cachetools")
+    _pip(
+        "-c",
+        "constraints.txt",
+        f"verl=={VERL_VERSION}",
+        "uvicorn",
+        "fastapi",
+        "cachetools",
+        "TransferQueue>=0.1.10",
+    )
     _pip("-e", ".", "--no-deps")  # also refreshes the verl.plugins entry point after pyproject changes
     ready = _run([_python(), "-c", _READY_CHECK], timeout=300)
     assert ready.returncode == 0, f"verl environment not usable:\n{ready.stderr[-3000:]}"
@@ -290,6 +298,9 @@ COMPOSE_SCRIPT = textwrap.dedent(
         cfg = compose(config_name="tepo_qwen2.5_7b_dapo_math")
     OmegaConf.resolve(cfg)
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from tepo.integrations.verl_workers import tepo_v2_config_errors  # registers tepo_sync, as the launch script
+    without_entropy = OmegaConf.merge(cfg, {"actor_rollout_ref": {"actor": {"calculate_entropy": False}}})
     print(json.dumps({
         "prompts": cfg.data.train_batch_size, "n": cfg.actor_rollout_ref.rollout.n,
         "mini": actor.ppo_mini_batch_size, "epochs": actor.ppo_epochs, "lr": actor.optim.lr,
@@ -297,13 +308,18 @@ COMPOSE_SCRIPT = textwrap.dedent(
         "eps": actor.policy_loss.eps, "policy_loss_cls": type(actor.policy_loss).__name__,
         "agg": actor.loss_agg_mode, "filter_groups": cfg.algorithm.filter_groups.enable,
         "model": cfg.actor_rollout_ref.model.path,
+        "tepo_kl_mask_coef": actor.policy_loss.tepo_kl_mask_coef, "calculate_entropy": actor.calculate_entropy,
+        "use_v1": cfg.trainer.use_v1, "trainer_mode": cfg.trainer.v1.trainer_mode,
+        "v2_errors": tepo_v2_config_errors(cfg), "trainer_cls": get_trainer_cls(cfg.trainer.v1.trainer_mode).__name__,
+        "without_entropy": tepo_v2_config_errors(without_entropy),
     }))
     """
 )
 
 
 def test_verl_example_config_is_the_paper_setting(verl_python, tmp_path):
-    """examples/verl's config composes over verl's own ppo_trainer config into TEPO Section 4.1's setting."""
+    """examples/verl's config composes over verl's own ppo_trainer config into TEPO Section 4.1's setting with TEPO
+    v2's mask, selecting the tepo_sync trainer (registered by tepo.integrations.verl_workers)."""
     script = tmp_path / "compose.py"
     script.write_text(COMPOSE_SCRIPT)
     result = _run([verl_python, script, ROOT / "examples" / "verl"], timeout=600)
@@ -322,6 +338,16 @@ def test_verl_example_config_is_the_paper_setting(verl_python, tmp_path):
         "agg": "token-mean",
         "filter_groups": True,
         "model": "Qwen/Qwen2.5-7B",
+        "tepo_kl_mask_coef": 0.1,
+        "calculate_entropy": True,
+        "use_v1": True,
+        "trainer_mode": "tepo_sync",
+        "v2_errors": [],
+        "trainer_cls": "TepoPPOTrainerSync",
+        "without_entropy": [
+            "actor_rollout_ref.actor.calculate_entropy must be true with policy_loss.tepo_kl_mask_coef=0.1: the "
+            "update needs the current policy's per-token entropy"
+        ],
     }
     updates_per_rollout = got["prompts"] // got["mini"] * got["epochs"]
     assert updates_per_rollout == 8

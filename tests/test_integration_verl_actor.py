@@ -12,7 +12,9 @@ tensors are compared with ``compute_policy_loss`` on the same forward:
 1. verl's ``rollout_is_weights`` and a rejected row (rejection ANDed into ``response_mask``, as verl does): our
    ``dapo`` loss through verl equals ``compute_policy_loss("dapo", is_weights=w)`` and verl's own ``vanilla``.
 2. TEPO v2: ``loss_mode=tepo`` with ``tepo_kl_mask_coef`` through `tepo_ppo_loss` (H from the forward, H_old from
-   the batch field ``old_entropys``) equals ``compute_policy_loss("tepo", entropy=H, old_entropy=H_old, ...)``.
+   the batch field ``old_entropys`` as `TepoRayPPOTrainer` leaves it, and from the nested per-response field
+   ``entropy`` as verl's v1 driver stores it) equals ``compute_policy_loss("tepo", entropy=H, old_entropy=H_old,
+   ...)``.
 3. verl's plain ``ppo_loss`` with ``tepo_kl_mask_coef`` raises (the mask term is never silently dropped).
 4. Where verl's own actor worker stops on a CPU-only machine (``ActorRolloutRefWorker.init_model``): asserted, so
    docs/integrations.md's statement is checked and a verl that runs on CPU makes this test say so.
@@ -47,7 +49,7 @@ ACTOR_SCRIPT = textwrap.dedent(
     from verl.workers.config import ActorConfig
     from verl.workers.engine.utils import prepare_micro_batches
     from verl.workers.utils.losses import ppo_loss
-    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+    from verl.workers.utils.padding import left_right_2_no_padding, response_to_nested
     from tepo.integrations.verl import OLD_ENTROPY_KEY, tepo_ppo_loss
     from tepo.losses import compute_policy_loss
 
@@ -174,6 +176,15 @@ ACTOR_SCRIPT = textwrap.dedent(
     assert om["tepo_kl_mask_frac"] > 0 and abs(o_v2 - o_v1) > 1e-6, (om, o_v1, o_v2)
     report["tepo_v2"] = {"value": o_v2, "mask_term": om["tepo_kl_mask"], "mask_frac": om["tepo_kl_mask_frac"], "micro_batches": n_micro}
 
+    # 2b. H_old where verl's v1 driver keeps it: the per-response (nested) field "entropy" of the update's batch
+    nested_mask = torch.nested.as_nested_tensor([response_mask[i, :resp_lens[i]] for i in range(B)], layout=torch.jagged)
+    td2b = batch(response_mask, entropy=response_to_nested(old_ent, nested_mask))
+    v_v2b, g_v2b, _, _ = run_verl(partial(tepo_ppo_loss, config=cfg_v2), td2b)
+    close(v_v2b, o_v2, "tepo v2 value, v1 layout")
+    for n in params:
+        torch.testing.assert_close(g_v2b[n], go_v2[n], rtol=1e-4, atol=1e-8, msg=f"tepo v2 grad {n}, v1 layout")
+    report["tepo_v2"]["v1_layout"] = True
+
     # 3. verl's plain ppo_loss cannot feed the mask: refused, not dropped
     try:
         run_verl(partial(ppo_loss, config=cfg_v2), batch(response_mask, **{OLD_ENTROPY_KEY: old_ent}))
@@ -232,7 +243,7 @@ def test_verl_actor_loss_path_on_a_real_forward(verl_python, embedded_model_dir,
     )
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["is_weights"]["micro_batches"] == 2
-    assert report["tepo_v2"]["micro_batches"] == 2
+    assert report["tepo_v2"]["micro_batches"] == 2 and report["tepo_v2"]["v1_layout"]
     assert 0 < report["tepo_v2"]["mask_frac"] < 1 and report["tepo_v2"]["mask_term"] > 0
     assert "tepo_ppo_loss" in report["plain_ppo_loss_error"]
     stops = report["cpu_stops"]

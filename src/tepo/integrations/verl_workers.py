@@ -40,8 +40,8 @@ def tepo_v2_config_errors(config: Any) -> list[str]:
     errors = []
     if not actor.get("calculate_entropy", False):
         errors.append(
-            "actor_rollout_ref.actor.calculate_entropy must be true with policy_loss.tepo_kl_mask_coef "
-            f"={coef!r}: the update needs the current policy's per-token entropy"
+            "actor_rollout_ref.actor.calculate_entropy must be true with "
+            f"policy_loss.tepo_kl_mask_coef={coef!r}: the update needs the current policy's per-token entropy"
         )
     distillation = config.get("distillation", None)
     if distillation is not None and distillation.get("enabled", False):
