@@ -100,9 +100,11 @@ def _pa_schemas():
             "subfield": s,
         },
         "gsm8k": {"question": s, "answer": s},
-        "dapo_math_17k": {
+        "dapo_math_17k_processed": {
+            "prompt": s,
+            "solution": s,
             "data_source": s,
-            "prompt": pa.list_(pa.struct([("content", s), ("role", s)])),
+            "source_prompt": pa.list_(pa.struct([("content", s), ("role", s)])),
             "ability": s,
             "reward_model": pa.struct([("ground_truth", s), ("style", s)]),
             "extra_info": pa.struct([("index", s)]),
@@ -304,30 +306,29 @@ def test_training_loader_names_a_dataset_that_needs_a_config(training_hub):
         load_problems("openai/gsm8k", split="test", problem_field="question")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="configs/tepo_paper_qwen7b.yaml reads BytedTsinghua-SIA/DAPO-Math-17k with problem_field 'prompt' and "
-    "answer_field 'solution', but that card's 'prompt' is a list of chat messages and its answer is "
-    "reward_model.ground_truth (the prompt/solution columns are open-r1/DAPO-Math-17k-Processed's, which needs a "
-    "config: all/en/cn)",
-)
 def test_the_paper_config_data_source_loads(training_hub):
+    """The paper preset's training set: open-r1/DAPO-Math-17k-Processed, subset en (the card's configs all/en/cn,
+    one train split each; prompt and solution are flat strings there, unlike BytedTsinghua-SIA/DAPO-Math-17k's
+    chat-message prompt and reward_model.ground_truth)."""
     hub_sandbox = training_hub
     import yaml
 
     config = yaml.safe_load((Path(tepo.__file__).parent / "configs" / "tepo_paper_qwen7b.yaml").read_text())
     data = config["data"]
-    _make_repo(
-        hub_sandbox,
-        data["source"],
-        {(None, "train"): "data/train-00000-of-00001.parquet"},
-        _rows("dapo_math_17k"),
-        "dapo_math_17k",
-    )
+    assert (data["source"], data["subset"]) == ("open-r1/DAPO-Math-17k-Processed", "en")
+    layout = {(name, "train"): f"{name}/train-00000-of-00001.parquet" for name in ("all", "en", "cn")}
+    rows = _rows("dapo_math_17k_processed")
+    _make_repo(hub_sandbox, data["source"], layout, rows, "dapo_math_17k_processed")
     problems = load_problems(
-        data["source"], split="train", problem_field=data["problem_field"], answer_field=data["answer_field"]
+        data["source"],
+        subset=data["subset"],
+        split="train",
+        problem_field=data["problem_field"],
+        answer_field=data["answer_field"],
     )
-    assert [p.answer for p in problems] == ["30", "5"]
+    assert [(p.problem, p.answer) for p in problems] == [(r["prompt"], r["solution"]) for r in rows]
+    with pytest.raises(DataError, match=r"subset 'fr', split 'train'"):
+        load_problems(data["source"], subset="fr", problem_field="prompt", answer_field="solution")
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ class ModelConfig:
 class DataConfig:
     source: str = "arithmetic"  # procedural task, JSONL/Parquet path, or Hugging Face dataset name
     split: str = "train"
+    subset: str | None = None  # a Hugging Face dataset's configuration (its "config name"), e.g. en
     problem_field: str = "problem"
     answer_field: str = "answer"
     limit: int | None = None

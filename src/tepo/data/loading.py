@@ -22,12 +22,15 @@ def load_problems(
     split: str = "train",
     limit: int | None = None,
     seed: int = 0,
+    subset: str | None = None,
 ) -> list[Problem]:
     """Load problems from a procedural task name, a JSONL/Parquet path, or a Hugging Face dataset name.
 
     For procedural tasks ``split`` selects disjoint problem streams (``train`` vs ``test``) and ``limit`` how
     many to make (default 1,000). For files, every row must have a non-empty ``problem_field`` and
-    ``answer_field`` (numbers are accepted for the answer and turned into strings).
+    ``answer_field`` (numbers are accepted for the answer and turned into strings). For a Hugging Face dataset,
+    ``subset`` names its configuration (``load_dataset(name, subset, split=split)``), e.g. ``en`` of
+    ``open-r1/DAPO-Math-17k-Processed``.
     """
     if source in PROCEDURAL_TASKS:
         return make_task_problems(source, limit or 1000, split=split, seed=seed)
@@ -35,7 +38,7 @@ def load_problems(
     if path.exists() or source.endswith((".jsonl", ".json", ".parquet")):
         problems = _load_file(path, problem_field, answer_field, id_field)
     else:
-        problems = _load_hub(source, split, problem_field, answer_field, id_field)
+        problems = _load_hub(source, split, problem_field, answer_field, id_field, subset)
     if not problems:
         raise DataError(f"{source}: no problems found (the file or split is empty)")
     return problems[:limit] if limit else problems
@@ -85,7 +88,9 @@ def _load_parquet(path: Path, problem_field: str, answer_field: str, id_field: s
     ]
 
 
-def _load_hub(name: str, split: str, problem_field: str, answer_field: str, id_field: str) -> list[Problem]:
+def _load_hub(
+    name: str, split: str, problem_field: str, answer_field: str, id_field: str, subset: str | None = None
+) -> list[Problem]:
     try:
         import datasets
     except ImportError as err:
@@ -94,11 +99,13 @@ def _load_hub(name: str, split: str, problem_field: str, answer_field: str, id_f
             "loading Hugging Face datasets by name needs `pip install 'tepo[hf-datasets]'`"
         ) from err
     try:
-        rows = datasets.load_dataset(name, split=split)
+        rows = datasets.load_dataset(name, subset, split=split)
     except Exception as err:
+        which = f"subset {subset!r}, split {split!r}" if subset else f"split {split!r}"
         raise DataError(
             f"{name!r} is not a file, a procedural task ({', '.join(PROCEDURAL_TASKS)}) "
-            f"or a Hugging Face dataset that could be loaded (split {split!r}): {err}"
+            f"or a Hugging Face dataset that could be loaded ({which}; data.subset names a dataset's "
+            f"configuration): {err}"
         ) from None
     return [
         _row_to_problem(row, f"{name}[{split}] row {i}", problem_field, answer_field, id_field, i)

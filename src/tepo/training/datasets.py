@@ -18,6 +18,7 @@ def load_datasets(config: RunConfig) -> tuple[list[Problem], list[Problem]]:
         split=d.split,
         limit=d.limit,
         seed=config.train.seed,
+        subset=d.subset,
     )
     if config.eval.size == 0:
         return train, []
