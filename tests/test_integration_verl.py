@@ -3,9 +3,10 @@
 verl 0.9.1 pins dependencies that clash with tepo's environment, so a session fixture builds ``.venv-verl`` in
 the repository root (once; later runs reuse it): ``python -m venv``, ``pip install torch==2.13.0``,
 ``pip install -c constraints.txt verl==0.9.1 uvicorn fastapi cachetools TransferQueue`` (verl's engine workers
-and its PPO drivers import these without declaring them), ``pip install -e . --no-deps``. That is about a minute from a warm package cache but about
-2 GB of downloads on a fresh machine, hence ``@pytest.mark.slow`` (opt in: ``pytest -m slow
-tests/test_integration_verl.py``). The fixture skips only when pip cannot reach a package index.
+and its PPO drivers import these without declaring them), ``pip install -e . --no-deps``. That is about a
+minute from a warm package cache but about 2 GB of downloads on a fresh machine, hence ``@pytest.mark.slow``
+(opt in: ``pytest -m slow tests/test_integration_verl.py``). The fixture skips only when pip cannot reach a
+package index.
 
 The checks run in a subprocess inside that environment (`CHECK_SCRIPT`): verl's own ``import verl`` must have
 loaded our plugin through the ``verl.plugins`` entry point (and, in a second process, through
@@ -351,3 +352,28 @@ def test_verl_example_config_is_the_paper_setting(verl_python, tmp_path):
     }
     updates_per_rollout = got["prompts"] // got["mini"] * got["epochs"]
     assert updates_per_rollout == 8
+
+
+def test_verl_main_runs_verl_config_and_refuses_before_ray(verl_python, tmp_path):
+    """`python -m tepo.integrations.verl_main` composes verl's own config and checks it before Ray starts."""
+    shown = _run(
+        [verl_python, "-m", "tepo.integrations.verl_main", "--cfg", "job", "trainer.use_v1=false"],
+        timeout=600,
+    )
+    assert shown.returncode == 0, shown.stderr[-3000:]
+    assert "use_v1: false" in shown.stdout
+    refused = _run(
+        [
+            verl_python,
+            "-m",
+            "tepo.integrations.verl_main",
+            "trainer.use_v1=false",
+            "+actor_rollout_ref.actor.policy_loss.tepo_kl_mask_coef=0.1",
+            "actor_rollout_ref.actor.policy_loss._target_=tepo.integrations.verl.TepoPolicyLossConfig",
+            "actor_rollout_ref.actor.policy_loss.loss_mode=tepo",
+        ],
+        timeout=600,
+    )
+    assert refused.returncode != 0
+    assert "calculate_entropy must be true" in refused.stderr, refused.stderr[-3000:]
+    assert "ray init" not in refused.stdout  # refused before verl's run_ppo starts Ray

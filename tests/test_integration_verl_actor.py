@@ -56,7 +56,8 @@ ACTOR_SCRIPT = textwrap.dedent(
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
     model.eval()  # dropout off: two forwards give the same tensors
-    params = {n: p for n, p in model.named_parameters() if n in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight")}
+    CHECKED = ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight", "model.norm.weight")
+    params = {n: p for n, p in model.named_parameters() if n in CHECKED}
     assert len(params) == 3, list(params)
 
     B, P, R = 4, 5, 6
@@ -84,8 +85,9 @@ ACTOR_SCRIPT = textwrap.dedent(
         lens = attn.sum(1)
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), lens.cumsum(0)])
         nest = lambda x: torch.nested.nested_tensor_from_jagged(x[keep], offsets=offsets)
-        dense_lp = torch.stack([torch.nn.functional.pad(lp[i, P - 1:P - 1 + resp_lens[i]], (0, R - resp_lens[i])) for i in range(B)])
-        dense_ent = torch.stack([torch.nn.functional.pad(ent[i, P - 1:P - 1 + resp_lens[i]], (0, R - resp_lens[i])) for i in range(B)])
+        dense = lambda x: torch.stack(
+            [torch.nn.functional.pad(x[i, P - 1:P - 1 + resp_lens[i]], (0, R - resp_lens[i])) for i in range(B)])
+        dense_lp, dense_ent = dense(lp), dense(ent)
         return {"log_probs": nest(lp), "entropy": nest(ent)}, dense_lp, dense_ent
 
     with torch.no_grad():
@@ -98,7 +100,8 @@ ACTOR_SCRIPT = textwrap.dedent(
     keep_mask[1, :] = 0  # a rejected row: verl's rejection modes AND their rejection into response_mask
 
     def batch(mask, **extra):
-        td = TensorDict({"prompts": prompts, "responses": responses, "input_ids": input_ids.clone(), "attention_mask": attn,
+        td = TensorDict({"prompts": prompts, "responses": responses, "input_ids": input_ids.clone(),
+                         "attention_mask": attn,
                          "position_ids": position_ids, "response_mask": mask, "old_log_probs": old, "advantages": adv,
                          **extra}, batch_size=[B])
         td = left_right_2_no_padding(td)  # verl's driver-side conversion before update_actor
@@ -129,8 +132,10 @@ ACTOR_SCRIPT = textwrap.dedent(
         # The actor forward of one micro-batch: the full forward's rows of this micro-batch (model in eval mode).
         full, _, _ = forward()
         idx = mb_rows(mb)
-        lp = torch.nested.nested_tensor_from_jagged(torch.cat([full["log_probs"][i] for i in idx]), offsets=torch.cat([torch.zeros(1, dtype=torch.long), attn[idx].sum(1).cumsum(0)]))
-        en = torch.nested.nested_tensor_from_jagged(torch.cat([full["entropy"][i] for i in idx]), offsets=torch.cat([torch.zeros(1, dtype=torch.long), attn[idx].sum(1).cumsum(0)]))
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), attn[idx].sum(1).cumsum(0)])
+        rows = lambda key: torch.nested.nested_tensor_from_jagged(
+            torch.cat([full[key][i] for i in idx]), offsets=offsets)
+        lp, en = rows("log_probs"), rows("entropy")
         return {"log_probs": lp, "entropy": en}, None, None
 
     def mb_rows(mb):
@@ -140,7 +145,8 @@ ACTOR_SCRIPT = textwrap.dedent(
     def run_ours(name, mask, **kw):
         model.zero_grad(set_to_none=True)
         _, lp, ent = forward()
-        loss, metrics = compute_policy_loss(name, logp=lp, old_logp=old, advantages=adv, mask=mask.bool(), entropy=ent if kw.get("tepo_kl_mask_coef") else None, **kw)
+        loss, metrics = compute_policy_loss(name, logp=lp, old_logp=old, advantages=adv, mask=mask.bool(),
+                                            entropy=ent if kw.get("tepo_kl_mask_coef") else None, **kw)
         loss.backward()
         return float(loss.detach()), {n: p.grad.clone() for n, p in params.items()}, metrics
 
@@ -168,16 +174,19 @@ ACTOR_SCRIPT = textwrap.dedent(
     cfg_v2 = actor_config({"loss_mode": "tepo", "eps": 0.2, "tepo_kl_mask_coef": coef}, calculate_entropy=True)
     td2 = batch(response_mask, **{OLD_ENTROPY_KEY: old_ent})
     v_v2, g_v2, n_micro, metrics = run_verl(partial(tepo_ppo_loss, config=cfg_v2), td2)
-    o_v2, go_v2, om = run_ours("tepo", response_mask, eps=0.2, agg="token-mean", old_entropy=old_ent, tepo_kl_mask_coef=coef, num_tokens=int(response_mask.sum()))
+    o_v2, go_v2, om = run_ours("tepo", response_mask, eps=0.2, agg="token-mean", old_entropy=old_ent,
+                               tepo_kl_mask_coef=coef, num_tokens=int(response_mask.sum()))
     close(v_v2, o_v2, "tepo v2 value")
     for n in params:
         torch.testing.assert_close(g_v2[n], go_v2[n], rtol=1e-4, atol=1e-8, msg=f"tepo v2 grad {n}")
     o_v1, _, _ = run_ours("tepo", response_mask, eps=0.2, agg="token-mean")
     assert om["tepo_kl_mask_frac"] > 0 and abs(o_v2 - o_v1) > 1e-6, (om, o_v1, o_v2)
-    report["tepo_v2"] = {"value": o_v2, "mask_term": om["tepo_kl_mask"], "mask_frac": om["tepo_kl_mask_frac"], "micro_batches": n_micro}
+    report["tepo_v2"] = {"value": o_v2, "mask_term": om["tepo_kl_mask"], "mask_frac": om["tepo_kl_mask_frac"],
+                         "micro_batches": n_micro}
 
     # 2b. H_old where verl's v1 driver keeps it: the per-response (nested) field "entropy" of the update's batch
-    nested_mask = torch.nested.as_nested_tensor([response_mask[i, :resp_lens[i]] for i in range(B)], layout=torch.jagged)
+    nested_mask = torch.nested.as_nested_tensor(
+        [response_mask[i, :resp_lens[i]] for i in range(B)], layout=torch.jagged)
     td2b = batch(response_mask, entropy=response_to_nested(old_ent, nested_mask))
     v_v2b, g_v2b, _, _ = run_verl(partial(tepo_ppo_loss, config=cfg_v2), td2b)
     close(v_v2b, o_v2, "tepo v2 value, v1 layout")
@@ -204,9 +213,11 @@ ACTOR_SCRIPT = textwrap.dedent(
         frame = traceback.extract_tb(exc.__traceback__)
         verl_frames = [f for f in frame if "/verl/" in f.filename]
         f = verl_frames[-1]
-        return {"file": f.filename.split("site-packages/")[-1], "line": f.lineno, "error": f"{type(exc).__name__}: {exc}"}
+        return {"file": f.filename.split("site-packages/")[-1], "line": f.lineno,
+                "error": f"{type(exc).__name__}: {exc}"}
 
-    with initialize_config_dir(config_dir=str(pathlib.Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+    verl_configs = str(pathlib.Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=verl_configs, version_base=None):
         trainer_cfg = compose(config_name="ppo_trainer", overrides=[
             f"actor_rollout_ref.model.path={sys.argv[1]}", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.rollout.n=1",

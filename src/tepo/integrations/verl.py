@@ -42,8 +42,9 @@ makes both available to our registered loss for the duration of the call: ``H`` 
 (``model_output["entropy"]``, present when ``actor.calculate_entropy=True``) and ``H_old`` from the update's
 batch: the field ``entropy`` where verl's v1 driver (its default) stored its pi_old pass, or `OLD_ENTROPY_KEY`
 where `verl_workers.TepoRayPPOTrainer` keeps the ``entropys`` that verl's legacy driver computes and drops.
-`verl_workers` installs `tepo_ppo_loss` as the actor's loss for either driver (see there). A loss with ``tepo_kl_mask_coef != 0`` called without them
-(verl's plain ``ppo_loss``) raises a ValueError naming what is missing; it never silently drops the term.
+`verl_workers` installs `tepo_ppo_loss` as the actor's loss for either driver (see there). A loss with
+``tepo_kl_mask_coef != 0`` called without them (verl's plain ``ppo_loss``) raises a ValueError naming what is
+missing; it never silently drops the term.
 
 Still refused, with the verl setting that computes the same term:
 
@@ -273,8 +274,8 @@ def tepo_ppo_loss(config, model_output, data, dp_group=None):
     verl's registry, verl's entropy bonus and KL loss, verl's metrics). In addition our registered loss sees
     ``H = model_output["entropy"]`` (present when the update runs with ``calculate_entropy``) and ``H_old =
     data[OLD_ENTROPY_KEY]`` (verl's legacy driver through `TepoRayPPOTrainer`) or ``data["entropy"]`` (what verl's
-    v1 driver stores from its pi_old pass), both brought to verl's padded [N, T] response layout as ``ppo_loss`` does for the
-    log-probs, so ``tepo_kl_mask_coef`` works. Other losses are unaffected.
+    v1 driver stores from its pi_old pass), both brought to verl's padded [N, T] response layout as ``ppo_loss``
+    does for the log-probs, so ``tepo_kl_mask_coef`` works. Other losses are unaffected.
     """
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import no_padding_2_padding
