@@ -100,7 +100,7 @@ def test_auto_stays_off_under_top_p_but_an_explicit_mode_does_not():
     assert resolve_rollout_correction(config, backend="vllm") == "tis"
 
 
-def test_resolve_reads_an_explicit_backend_from_the_config():
+def test_resolve_takes_the_backend_the_trainer_resolved():
     config = load_config(None, ["rollout.backend=hf"])
-    assert resolve_rollout_correction(config) == "none"
+    assert resolve_rollout_correction(config, backend="hf") == "none"
     assert AUTO_ROLLOUT_CORRECTION == "tis"

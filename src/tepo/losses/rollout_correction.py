@@ -251,21 +251,17 @@ def rollout_mismatch_metrics(
     }
 
 
-def resolve_rollout_correction(config: Any, *, backend: str | None = None) -> str:
+def resolve_rollout_correction(config: Any, *, backend: str) -> str:
     """The mode to run for ``config`` (a `tepo.config.RunConfig`): ``algorithm.rollout_correction`` itself, except
     ``auto``, which is `AUTO_ROLLOUT_CORRECTION` when another engine samples (the vllm backend, bf16 by default)
     and ``none`` when the trainer's own model object samples (hf) or when ``rollout.top_p < 1``: the trainer
     scores without the nucleus, so its ratio to the sampler would hold log(nucleus mass) <= 0 on every token, not
     only the engine mismatch (docs/offpolicy.md); set a mode explicitly to correct anyway. ``backend``: the
-    backend the trainer already resolved (default: resolve ``rollout.backend`` here; ``auto`` looks for vLLM).
+    rollout backend the trainer resolved (``auto`` already turned into a name; this module does not look for one).
     """
     name = config.algorithm.rollout_correction
     if name != AUTO:
         return name
     if config.rollout.top_p < 1:
         return "none"
-    if backend is None:
-        from tepo.rollout import resolve_rollout_backend
-
-        backend = resolve_rollout_backend(config.rollout.backend, config.rollout.vllm_python)
     return AUTO_ROLLOUT_CORRECTION if backend == "vllm" else "none"

@@ -27,7 +27,6 @@ __all__ = [
     "make_rollout",
     "make_rollout_from_config",
     "register_rollout_backend",
-    "resolve_rollout_backend",
     "rollout_backend_choices",
     "rollout_backend_class",
     "rollout_backend_names",
@@ -53,10 +52,3 @@ def make_rollout(name: str, model, tokenizer, **kw):
     For library use and tests; the trainer and ``tepo eval`` use :func:`make_rollout_from_config`.
     """
     return rollout_backend_class(name)(model, tokenizer, **kw)
-
-
-def resolve_rollout_backend(name: str, vllm_python: str | None = None) -> str:
-    """``name`` itself, except "auto": the backend :func:`choose_rollout_backend` picks (vllm where found, else hf)."""
-    from tepo.config import RolloutConfig
-
-    return choose_rollout_backend(RolloutConfig(backend=name, vllm_python=vllm_python))[0]
