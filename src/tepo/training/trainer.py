@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import sys
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -259,14 +260,24 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------------------------
 
-    def _next_batch(self, pool) -> Collected | None:
+    def start_overlap(self, pool) -> None:
+        """With ``rollout.async_steps=1``, sample ahead from now on (see :meth:`next_batch`)."""
+        if self.config.rollout.async_steps and self._prefetch is None:
+            self._prefetch = RolloutPrefetch(self, pool)
+
+    def stop_overlap(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
+            self._prefetch = None
+
+    def next_batch(self, pool) -> Collected | None:
         """With overlapped rollouts: this step's batch (sampled during the last update, or now for a run's first
         step), after starting the next step's in the background. None in the synchronous loop (the step samples)."""
         if self._prefetch is None:
             return None
         collected = self._prefetch.take(self.step)
         if collected is None:  # the first step of this process: nothing was sampled ahead
-            collected = collect_step(self, self._pool, self.step)
+            collected = collect_step(self, pool, self.step)
         if self.step + 1 < self.config.train.steps:
             copy_seconds = self._prefetch.start(self.step + 1)
             collected.metrics["rollout_stage_seconds"] = copy_seconds
@@ -295,10 +306,11 @@ class Trainer:
                 self._pool = pool
                 before = self._initial_evaluation(pool)
                 progress = _progress_bar(c, initial=self.step)
-                if c.rollout.async_steps:
-                    self._prefetch = RolloutPrefetch(self, pool)
+                self.start_overlap(pool)
                 while self.step < c.train.steps:
-                    row = train_step(self, pool, self._next_batch(pool))
+                    started = time.perf_counter()
+                    row = train_step(self, pool, self.next_batch(pool))
+                    row["step_seconds"] = time.perf_counter() - started  # waiting for an overlapped batch too
                     self.step += 1
                     stop = self._count_bad_step(row)
                     if (
@@ -330,8 +342,7 @@ class Trainer:
                     self.log("evaluating the trained policy")
                 after = self.evaluate(pool)
         finally:  # clean-up
-            if self._prefetch is not None:
-                self._prefetch.close()
+            self.stop_overlap()
             if progress is not None:
                 progress.close()
             metrics_log.close()
