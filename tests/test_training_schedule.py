@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import tepo.training.update
+from helpers import tiny_llama
 from tepo.config import load_config
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings
@@ -53,12 +53,7 @@ def _tiny_batch() -> RolloutBatch:
 
 
 def test_a_skipped_update_still_advances_the_schedule(monkeypatch):
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2
-        )
-    )
+    model = tiny_llama(0).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
     config = load_config("default", ["optim.warmup_steps=4"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(config, total_updates=8))

@@ -8,8 +8,8 @@ import copy
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import tiny_llama
 from tepo.losses.rollout_correction import rollout_correction_weights
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
@@ -20,12 +20,7 @@ GROUPS, G, PROMPT, RESPONSE = 8, 4, 3, 6
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
-        )
-    )
+    return tiny_llama(0).train()
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +101,12 @@ def _updated(model, batch, loss, micro, *, loss_options=None, mini_groups=GROUPS
 def test_covariance_losses_update_the_same_for_every_micro_batch_size(
     model, batch, loss, options, mini_groups
 ):
-    # As the trainer runs these losses: with an old-policy pass, so that the second mini-batch's ratios (after the
-    # first update) differ from 1 and kl_cov's penalty on its selected tokens has a gradient.
+    # As the trainer runs these losses: with old log-probs from a pass before the update.
+    # The old policy is the current one shifted by +-0.25 nats per token: ratios clearly away from 1, so that
+    # kl_cov's |logp - old_logp| has a definite sign (at ratio 1 its gradient would be float-rounding noise).
     old_logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
+    signs = torch.sign(torch.randn(old_logp.shape, generator=torch.Generator().manual_seed(2)))
+    old_logp = (old_logp + 0.25 * signs) * batch.response_mask
     start = torch.cat([p.detach().flatten() for p in model.parameters()])
     whole = _updated(model, batch, loss, 32, loss_options=options, mini_groups=mini_groups, old_logp=old_logp)
     assert not torch.allclose(whole, start), "the update changed nothing: the comparison would be vacuous"
