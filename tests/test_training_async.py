@@ -15,9 +15,8 @@ from tepo.config import load_config, save_config
 from tepo.metrics import read_metrics
 from tepo.training import Trainer, resume
 
-pytestmark = [pytest.mark.model]
 
-
+@pytest.mark.model
 def test_async_run_samples_one_step_behind_and_resumes_without_losing_a_step(tmp_path, embedded_model_dir):
     python = vllm_python_or_skip()
     prompts = 2
@@ -74,3 +73,20 @@ def test_async_run_samples_one_step_behind_and_resumes_without_losing_a_step(tmp
     assert [r["step"] for r in rows] == [1, 2, 3], "a step is missing or repeated"
     assert rows[2]["policy_lag"] == 0
     assert [r["step"] for r in read_metrics(run_dir / "metrics.rolledback.jsonl")] == [3]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["rollout.async_steps=2"], r"rollout.async_steps: expected 0 \(sample, then update\) or 1"),
+        (
+            ["rollout.async_steps=1", "rollout.backend=hf"],
+            r"rollout.async_steps: 1 samples while the model trains.*hf",
+        ),
+    ],
+)
+def test_async_settings_that_cannot_run_are_refused_before_any_model_loads(overrides, message):
+    from tepo.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        load_config("default", overrides)
