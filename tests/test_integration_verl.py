@@ -371,6 +371,7 @@ def test_verl_main_runs_verl_config_and_refuses_before_ray(verl_python, tmp_path
             "+actor_rollout_ref.actor.policy_loss.tepo_kl_mask_coef=0.1",
             "actor_rollout_ref.actor.policy_loss._target_=tepo.integrations.verl.TepoPolicyLossConfig",
             "actor_rollout_ref.actor.policy_loss.loss_mode=tepo",
+            f"hydra.run.dir={tmp_path / 'hydra'}",  # hydra's run log, out of the working tree
         ],
         timeout=600,
     )
