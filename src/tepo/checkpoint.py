@@ -1,7 +1,8 @@
 """Atomic training checkpoints that a killed run can always resume from.
 
 A checkpoint is a directory ``checkpoints/step_000012/`` holding:
-- ``model.safetensors``: the policy's weights (safetensors only: loading it runs no code),
+- ``model.safetensors``: the policy's weights (safetensors only: loading it runs no code); for a LoRA run
+  (``model.lora.rank > 0``) only the adapters' weights (a few MB; the base model is ``model.name``),
 - ``state.pt``: optimizer, scheduler, RNG states, data position, step and counters (loaded with
   ``torch.load(weights_only=True)``),
 - ``manifest.json``: written last, with the SHA-256 of every other file and whether the optimizer's moments are in
@@ -123,10 +124,16 @@ def set_rng_state(state: dict) -> None:
 
 
 def model_state_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """State dict without tied duplicates (safetensors refuses shared storage), contiguous, on CPU."""
+    """State dict without tied duplicates (safetensors refuses shared storage), contiguous, on CPU.
+
+    A LoRA model (``model.lora.rank > 0``) saves only its adapters (:func:`tepo.lora.adapter_state_dict`): the
+    base weights never change, and the run's ``model.name`` names them."""
+    from tepo.lora import adapter_state_dict, is_lora
+
     seen: set[tuple[int, tuple]] = set()
     out = {}
-    for name, tensor in model.state_dict().items():
+    state = adapter_state_dict(model) if is_lora(model) else model.state_dict()
+    for name, tensor in state.items():
         key = (tensor.data_ptr(), tuple(tensor.shape))
         if key in seen:
             continue  # tied weight (lm_head = embed_tokens); tie_weights restores it on load
@@ -342,8 +349,18 @@ def _manifest_says(path: Path) -> bool | None:
 def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module) -> CheckpointState:
     """Load the weights into ``model`` and return the saved state (``torch.load(weights_only=True)``) as a
     :class:`CheckpointState`, whose ``optimizer_state`` says whether the optimizer's moments are in it."""
+    from tepo.lora import adapter_state_dict, is_lora
+
     weights = load_file(str(checkpoint.path / "model.safetensors"))
     missing, unexpected = model.load_state_dict(weights, strict=False)
+    if is_lora(model):  # the checkpoint holds the adapters only: every one of them, nothing else
+        missing = [name for name in adapter_state_dict(model) if name not in weights]
+        if missing or unexpected:
+            raise CheckpointError(
+                f"{checkpoint.path}: weights do not fit the LoRA model (missing adapters {sorted(missing)[:5]}, "
+                f"unexpected {sorted(unexpected)[:5]}); was it written with the same model.lora settings?"
+            )
+        missing = []
     tied = {name for name in missing if "lm_head" in name}
     if unexpected or set(missing) - tied:
         raise CheckpointError(

@@ -27,6 +27,17 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class LoraConfig:
+    # LoRA adapters (tepo.lora; needs peft: pip install 'tepo[lora]'). rank 0: off (full fine-tuning). Only the
+    # adapters are trained, hold optimizer state and go in checkpoints; the scale is alpha / rank.
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0  # on the adapters' input in train mode (the trainer scores in train mode: tepo.lora)
+    # all-linear (every linear layer but the output head), or module names: "q_proj,v_proj" or a YAML list.
+    target_modules: str | list = "all-linear"
+
+
+@dataclass
 class ModelConfig:
     name: str | None = None  # Hugging Face name or local path; None = the embedded SmolLM2-135M-Instruct
     trust_remote_code: bool = False
@@ -38,6 +49,7 @@ class ModelConfig:
     # Log-prob passes run each prompt once for its G samples and share its keys/values (exact, and less work for
     # the transformer body: docs/performance.md). Tested with Llama-architecture models.
     share_prompt_prefix: bool = True
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -398,6 +410,7 @@ def _coerce(value: Any, hint) -> tuple[bool, Any]:
 def validate(config: RunConfig) -> list[str]:
     """Cross-field checks and registry look-ups; returns one message per problem (empty when valid)."""
     from tepo.advantages import ADVANTAGE_ESTIMATORS
+    from tepo.lora import lora_config_errors
     from tepo.losses import POLICY_LOSSES
     from tepo.rollout import rollout_config_errors
 
@@ -436,6 +449,7 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(f"reward.timeout_s: must be > 0, got {c.reward.timeout_s}")
     errors += _reward_errors(c)
     errors += rollout_config_errors(c.rollout)  # backend name and each backend's own keys
+    errors += lora_config_errors(c.model.lora)
     errors += _async_errors(c.rollout)
     if c.model.train_attention not in ("auto", "eager", "sdpa", "model"):
         errors.append(

@@ -3,7 +3,8 @@
 A run directory (``tepo train`` output: ``config.yaml`` + ``checkpoints/step_*/``) is evaluated at its newest intact
 checkpoint: the base model named by ``model.name`` in its ``config.yaml`` (null: the embedded model) is loaded and
 the checkpoint's safetensors weights replace its own (the tied ``lm_head`` is restored by ``tie_weights``). A single
-checkpoint directory (``RUN/checkpoints/step_000012``) is evaluated as it is.
+checkpoint directory (``RUN/checkpoints/step_000012``) is evaluated as it is. A LoRA run (``model.lora.rank > 0``)
+saved only its adapters: they are put on the base model with the run's ``model.lora`` and merged into its weights.
 """
 
 from __future__ import annotations
@@ -116,11 +117,45 @@ def load_eval_model(
         raise EvalError(f"could not load model {info['spec']!r}: {err}") from None
     if info["kind"] in ("run", "checkpoint"):
         checkpoint = Checkpoint(path=Path(info["checkpoint"]), step=info.get("step") or 0)
+        lora = _lora_settings(Path(info["run_dir"]))
+        if (
+            lora is not None
+        ):  # the checkpoint holds the adapters: put them on the base model, merge after loading
+            from tepo.config import ConfigError
+            from tepo.lora import apply_lora
+
+            try:
+                model = apply_lora(model, lora)
+            except ConfigError as err:
+                raise EvalError(f"{info['run_dir']}: {err}") from None
         try:
             load_checkpoint(
                 checkpoint, model
             )  # also returns the optimizer/RNG state, which evaluation ignores
         except CheckpointError as err:
             raise EvalError(str(err)) from None
+        if lora is not None:
+            from tepo.lora import merge_lora
+
+            model = merge_lora(model)
         model.to(device).eval()
     return model, tokenizer, info
+
+
+def _lora_settings(run_dir: Path):
+    """The run's ``model.lora`` (a :class:`tepo.config.LoraConfig`) when it trained LoRA adapters, else None."""
+    from tepo.config import LoraConfig
+    from tepo.lora import lora_config_errors
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8"))
+    lora = (config.get("model") or {}).get("lora") if isinstance(config, dict) else None
+    if not isinstance(lora, dict) or not lora.get("rank"):
+        return None
+    try:
+        settings = LoraConfig(**lora)
+    except TypeError as err:
+        raise EvalError(f"{run_dir / 'config.yaml'}: model.lora is not a LoRA setting ({err})") from None
+    errors = lora_config_errors(settings)
+    if errors:
+        raise EvalError(f"{run_dir / 'config.yaml'}: {'; '.join(errors)}")
+    return settings

@@ -5,7 +5,8 @@ transformers and pulls torchvision/torchaudio builds that break beside torch 2.1
 multi-process program in any case. The trainer keeps the float32 master weights; the server holds a copy in
 ``dtype`` (bf16 by default) and samples from it.
 
-Weight sync: before each ``generate`` whose model weights changed since the last one, the weights are
+Weight sync: before each ``generate`` whose model weights changed since the last one, the weights (a LoRA
+model's merged into its base weights, :func:`tepo.lora.merged_state_dict`; docs/performance.md says why) are
 written as one safetensors file into a folder in ``/dev/shm`` (memory, not disk) and the engine reloads them in
 place (``reload_weights``: no restart, about 0.5 s for the 135M embedded model on CPU). The server also *starts*
 from that folder, so it always samples from exactly the trainer's current weights (after ``--resume`` too),
@@ -81,7 +82,21 @@ def find_vllm_python(explicit: str | None = None) -> str:
     )
 
 
-def _server_env() -> dict:
+def engine_cores(own_core: bool) -> list[int]:
+    """The CPU cores the engine's OpenMP threads are bound to: every core this process may run on, or with
+    ``own_core`` (rollouts overlapped with the update) the last one alone, so that sampling and the update do not
+    fight over the same cores (the trainer then keeps to the others: :func:`trainer_cores`)."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[-1:] if own_core and len(cores) > 1 else cores
+
+
+def trainer_cores(own_core: bool) -> list[int]:
+    """The cores left to the trainer next to an engine with ``own_core`` (all of them without)."""
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[:-1] if own_core and len(cores) > 1 else cores
+
+
+def _server_env(cores: list[int]) -> dict:
     env = dict(os.environ)
     # The engine runs inside the server process (which is already separate from the trainer) instead of in two more
     # processes (engine core + worker): faster generation, a shorter start-up and one Python + torch runtime
@@ -89,7 +104,6 @@ def _server_env() -> dict:
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     # vLLM's CPU backend otherwise keeps one core for itself (of two here) and binds its OpenMP threads to the
     # rest; let it use every core this process may run on. A value the user set wins.
-    cores = sorted(os.sched_getaffinity(0))
     env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -109,10 +123,12 @@ def write_weights(model, folder: Path, dtype: torch.dtype) -> float:
     """
     from safetensors.torch import save_file
 
+    from tepo.lora import merged_state_dict
+
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {
+    tensors = {  # a LoRA model's merged weights W0 + (alpha/r) B A, under the base model's names
         name: tensor.detach().to(device="cpu", dtype=dtype).contiguous()
-        for name, tensor in model.state_dict().items()
+        for name, tensor in merged_state_dict(model).items()
     }
     output = model.get_output_embeddings()
     if output is not None and "lm_head.weight" not in tensors:
@@ -149,8 +165,9 @@ class VLLMRollout:
     (``kv_cache_memory_bytes``; 0.25 GB holds about 11,000 tokens of the embedded model, whose KV cache is
     23 KB per token in bf16). ``python``: the server's interpreter (see :func:`find_vllm_python`).
     ``log_path``: where the server's own output goes (a temporary file if None). ``autocast_bf16`` is accepted for
-    interface compatibility and ignored (the engine's dtype decides). Call :meth:`close` (or use ``with``) to stop
-    the server; it is also stopped at interpreter exit.
+    interface compatibility and ignored (the engine's dtype decides). ``own_core``: bind the engine to one core of
+    its own (for rollouts overlapped with the update); ``trainer_cores`` then lists the cores left to the trainer.
+    Call :meth:`close` (or use ``with``) to stop the server; it is also stopped at interpreter exit.
     """
 
     def __init__(
@@ -167,6 +184,7 @@ class VLLMRollout:
         log_path: str | os.PathLike | None = None,
         autocast_bf16: bool | None = None,
         seed: int = 0,
+        own_core: bool = False,
     ):
         del autocast_bf16
         if tokenizer.pad_token_id is None:
@@ -180,6 +198,7 @@ class VLLMRollout:
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.eos_token_ids = eos_token_ids(model, tokenizer)
         self.dtype = dtype
+        self.trainer_cores = trainer_cores(own_core)
         self.request_timeout_s = float(request_timeout_s)
         self.last_sync_seconds = 0.0
         self.sync_count = 0
@@ -227,7 +246,7 @@ class VLLMRollout:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_server_env(),
+                env=_server_env(engine_cores(own_core)),
                 cwd=str(self._weights_dir),
                 # Its own process group: close() stops vLLM's engine workers with it.
                 start_new_session=True,
@@ -270,6 +289,7 @@ class VLLMRollout:
             max_model_len=rollout_config.vllm_max_model_len,
             seed=seed,
             log_path=None if run_dir is None else Path(run_dir) / "vllm_server.log",
+            own_core=bool(getattr(rollout_config, "async_steps", 0)),  # overlapped with the update
         )
 
     @classmethod

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -109,12 +110,22 @@ class Trainer:
         self.model, self.tokenizer = load_model_and_tokenizer(
             c.model.name, trust_remote_code=c.model.trust_remote_code
         )
-        self.model.train()  # no dropout in the supported models; train() only for hooks that check it
-        if c.model.gradient_checkpointing:
-            _enable_activation_checkpointing(self.model)
         self.ref_model = None
         if needs_reference_model(c.algorithm):
+            # With LoRA: a copy of the base model, taken before the adapters go in (exactly the initial policy,
+            # since LoRA's B starts at zero).
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if c.model.lora.rank > 0:
+            from tepo.lora import apply_lora
+
+            self.model = apply_lora(
+                self.model, c.model.lora
+            )  # a bad target module fails here, before training
+            trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            log(f"LoRA rank {c.model.lora.rank}: training {trained:,} adapter parameters")
+        self.model.train()  # no dropout in the supported models (but LoRA's, model.lora.dropout)
+        if c.model.gradient_checkpointing:
+            _enable_activation_checkpointing(self.model)
         self.rollout = make_rollout_from_config(
             c.rollout, self.model, self.tokenizer, seed=c.train.seed, run_dir=self.run_dir, log=log
         )
@@ -126,7 +137,7 @@ class Trainer:
         if self.correction is not None:
             log(f"rollout correction: {mode} {self.correction.options or '(default thresholds)'}")
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [p for p in self.model.parameters() if p.requires_grad],  # with LoRA: the adapters only
             lr=c.optim.lr,
             betas=c.optim.betas,
             weight_decay=c.optim.weight_decay,
@@ -188,6 +199,7 @@ class Trainer:
         self.reward_base = {"timeouts": 0, "parse_failures": 0}  # earlier processes' counters of this run
         self._pool: MathRewardPool | None = None
         self._prefetch: RolloutPrefetch | None = None  # rollout.async_steps=1: the batch sampled ahead
+        self._cpu_before_overlap: tuple | None = None
         self.inexact_resume_at_step: int | None = None  # set when resumed without the optimizer's moments
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
@@ -263,12 +275,24 @@ class Trainer:
     def start_overlap(self, pool) -> None:
         """With ``rollout.async_steps=1``, sample ahead from now on (see :meth:`next_batch`)."""
         if self.config.rollout.async_steps and self._prefetch is None:
+            # The engine has a core of its own while it samples during the update: keep the trainer's threads off it
+            # (two OpenMP teams on the same cores slow both down).
+            cores = getattr(self.rollout, "trainer_cores", None)
+            if cores:
+                self._cpu_before_overlap = (os.sched_getaffinity(0), torch.get_num_threads())
+                os.sched_setaffinity(0, cores)
+                torch.set_num_threads(min(torch.get_num_threads(), len(cores)))
             self._prefetch = RolloutPrefetch(self, pool)
 
     def stop_overlap(self) -> None:
         if self._prefetch is not None:
             self._prefetch.close()
             self._prefetch = None
+        if self._cpu_before_overlap is not None:  # give the process its cores and threads back
+            cores, threads = self._cpu_before_overlap
+            os.sched_setaffinity(0, cores)
+            torch.set_num_threads(threads)
+            self._cpu_before_overlap = None
 
     def next_batch(self, pool) -> Collected | None:
         """With overlapped rollouts: this step's batch (sampled during the last update, or now for a run's first
