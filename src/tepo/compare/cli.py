@@ -11,30 +11,63 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+DEFAULT_CONVERGENCE_SHARE = (
+    0.9  # tepo.compare.table's (not imported: the CLI stays light until a command runs)
+)
 DEFAULT_THRESHOLD = 0.3  # batch reward; the default task starts near 0.05 (see docs/compare.md)
 
 
 def _cmd_compare(args) -> int:
-    from tepo.compare.runner import parse_methods, parse_seeds, plan_comparison, run_comparison
+    from tepo.compare.runner import (
+        discover_runs,
+        parse_methods,
+        parse_seeds,
+        plan_comparison,
+        run_comparison,
+    )
     from tepo.compare.table import build_table, render_terminal, write_table
+    from tepo.config import ConfigError
 
-    methods, seeds = parse_methods(args.losses), parse_seeds(args.seeds)
-    directory = Path(args.dir) if args.dir else Path("comparisons") / "_vs_".join(methods)
-    plan = plan_comparison(directory, methods, seeds, config=args.config, overrides=args.overrides)
-    print(f"comparison: {len(methods)} methods x {len(seeds)} seeds -> {directory}")
-    for note in plan.notes:
-        print(f"note: {note}")
-    if not args.table_only:
+    if args.table_only:
+        # No plan, no config, no data: the table comes from the run directories' small files alone.
+        if not args.dir:
+            raise ConfigError("--table-only needs --dir (the comparison directory to tabulate)")
+        directory = Path(args.dir)
+        if args.losses:  # the planned layout: <method>/seed<k>/ for the given methods and seeds
+            methods, seeds = parse_methods(args.losses), parse_seeds(args.seeds)
+            runs = {m: {s: directory / m / f"seed{s}" for s in seeds} for m in methods}
+        else:  # whatever the directory holds (comparison.json, else <method>/seed<k>/config.yaml)
+            runs = discover_runs(directory)
+        if not runs:
+            raise ConfigError(
+                f"--dir {directory}: no runs found (expected comparison.json or <method>/seed<k>/config.yaml)"
+            )
+        print(f"comparison: {len(runs)} methods in {directory} (table only)")
+    else:
+        if not args.losses:
+            raise ConfigError("--losses is required (unless --table-only): e.g. --losses grpo,tepo")
+        methods, seeds = parse_methods(args.losses), parse_seeds(args.seeds)
+        directory = Path(args.dir) if args.dir else Path("comparisons") / "_vs_".join(methods)
+        plan = plan_comparison(directory, methods, seeds, config=args.config, overrides=args.overrides)
+        print(f"comparison: {len(methods)} methods x {len(seeds)} seeds -> {directory}")
+        for note in plan.notes:
+            print(f"note: {note}")
         outcomes = run_comparison(plan)
         done = {}
         for outcome in outcomes:
             done[outcome.action] = done.get(outcome.action, 0) + 1
         print("runs: " + ", ".join(f"{n} {action}" for action, n in sorted(done.items())))
-    table = build_table(
-        {m: {s: directory / m / f"seed{s}" for s in seeds} for m in methods},
-        threshold=args.threshold,
-        window=args.window,
-    )
+        runs = {m: {s: directory / m / f"seed{s}" for s in seeds} for m in methods}
+    try:
+        table = build_table(
+            runs,
+            threshold=args.threshold,
+            window=args.window,
+            convergence_share=args.convergence_share,
+            reference=args.reference,
+        )
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     md, js = write_table(table, directory)
     print()
     print(render_terminal(table))
@@ -42,7 +75,13 @@ def _cmd_compare(args) -> int:
     if not args.no_report:
         from tepo.report.html import build_report
 
-        result = build_report(directory, threshold=args.threshold, window=args.window)
+        result = build_report(
+            directory,
+            threshold=args.threshold,
+            window=args.window,
+            convergence_share=args.convergence_share,
+            reference=args.reference,
+        )
         print(f"report: {result.html_path}")
     return 0
 
@@ -58,6 +97,18 @@ def threshold_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--window", type=int, default=3, help="trailing steps averaged before comparing (default 3)"
     )
+    p.add_argument(
+        "--convergence-share",
+        type=float,
+        default=DEFAULT_CONVERGENCE_SHARE,
+        help="convergence columns: steps to this share of the reference method's seed-mean final held-out "
+        f"accuracy (default {DEFAULT_CONVERGENCE_SHARE})",
+    )
+    p.add_argument(
+        "--reference",
+        default=None,
+        help="reference method of the convergence columns (default: grpo if compared, else the first method)",
+    )
 
 
 def register(subparsers) -> None:
@@ -69,13 +120,17 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--losses",
-        required=True,
-        help="comma list of losses (tepo losses) or presets (tepo presets), e.g. grpo,dapo,tepo,tepo_kl",
+        help="comma list of losses (tepo losses) or presets (tepo presets), e.g. grpo,dapo,tepo,tepo_kl "
+        "(required unless --table-only, where it selects and orders the methods tabulated)",
     )
     p.add_argument("--seeds", default="3", help="number of seeds (3 -> 0,1,2) or a comma list (default 3)")
     p.add_argument("--config", help="base preset or YAML for every run (default: compare_default)")
     p.add_argument("--dir", help="comparison directory (default: comparisons/<loss1>_vs_<loss2>...)")
-    p.add_argument("--table-only", action="store_true", help="do not train: tabulate the runs that exist")
+    p.add_argument(
+        "--table-only",
+        action="store_true",
+        help="do not plan or train: tabulate the runs under --dir from their small files alone",
+    )
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
     threshold_args(p)
     p.add_argument(

@@ -22,13 +22,21 @@ What "identical settings" means here, and how it is checked:
 - Where it cannot hold: with ``algorithm.dynamic_sampling`` a step draws extra prompt batches when groups are
   dropped, and how many depends on the rewards, so the prompt stream diverges across methods after the first
   refill. The digest then covers only the first draw of each step and the plan says so.
-- The held-out evaluation before training depends only on the initial model, the held-out set and the seed, not
-  on the loss: it is computed once per seed and copied into the other methods' runs (``eval_before.json``, which
-  the trainer reuses when present), saving one evaluation per extra method.
+- The held-out evaluation before training (``eval_before.json``, which the trainer reuses when present) is
+  computed once per *evaluation key* and copied into every other run with the same key. The key is "same model,
+  same held-out set, same eval settings" (:func:`eval_sharing_key`): every config key except those that only
+  affect training (``_NOT_EVAL_KEYS``, the ``algorithm``/``optim``/``log`` sections), with the held-out set
+  identified by the SHA-256 of its problems (recomputed by the planner from the trainer's own ``load_datasets``).
+  ``train.seed`` stays in the key when ``eval.samples > 0``, because the sampled pass draws from
+  ``10_000 + train.seed``; with greedy-only evaluation (``eval.samples=0``) the seed matters only through the
+  held-out set, so runs of different seeds share one evaluation when their held-out sets are equal (a file or
+  benchmark ``eval.source``; a procedural task's test split is drawn from ``train.seed`` and differs).
+  Without the held-out digest (``check_prompts=False``) the seed stays in the key.
 
 Reuse: a run with ``summary.json`` is finished and reused (its saved config must equal the planned one); a run
 with a config but no summary was interrupted and is resumed from its last intact checkpoint
-(``tepo.training.resume``); without an intact checkpoint its partial metrics are moved aside and it restarts.
+(``tepo.training.resume``); without an intact checkpoint (or with none at all: ``train.save_every=0``) its
+partial metrics are moved aside and it restarts from step 0, reusing its ``eval_before.json``.
 """
 
 from __future__ import annotations
@@ -53,7 +61,10 @@ _NOT_EVAL_KEYS = {
     "train.run_name",
     "train.output_dir",
     "train.save_every",
-    "train.keep_checkpoints",
+    "train.save_final",
+    "train.keep_last",
+    "train.save_optimizer",
+    "train.resume_without_optimizer",
     "train.max_bad_steps",
     "train.ppo_epochs",
     "train.mini_batch_prompts",
@@ -61,6 +72,11 @@ _NOT_EVAL_KEYS = {
     "train.prompts_per_step",
     "rollout.group_size",
     "rollout.temperature",
+    "rollout.async_steps",
+    "reward.overlong_buffer",
+    "reward.overlong_penalty_factor",
+    "reward.overlong_filter",
+    "eval.every",  # when to evaluate during training, not how
 }
 
 
@@ -70,6 +86,7 @@ class RunSpec:
     seed: int
     run_dir: Path
     config: RunConfig
+    held_out_digest: str | None = None  # SHA-256 of the held-out problems (set by the planner)
 
 
 @dataclass
@@ -169,18 +186,25 @@ def prompt_schedule_digest(config: RunConfig) -> str:
 
     Uses the trainer's own ``load_datasets`` and ``PromptStream``, so it is the schedule the run will follow.
     """
+    return _digests(config)[0]
+
+
+def _digests(config: RunConfig) -> tuple[str, str]:
+    """(prompt schedule + held-out digest, held-out-only digest) of one run's config."""
     from tepo.data import PromptStream
     from tepo.training.datasets import load_datasets
 
     train_problems, held_out = load_datasets(config)
     stream = PromptStream(train_problems, seed=config.train.seed)
-    digest = hashlib.sha256()
+    digest, held = hashlib.sha256(), hashlib.sha256()
     for _ in range(config.train.steps):
         for problem in stream.take(config.train.prompts_per_step):
             digest.update(f"{problem.problem}\x00{problem.answer}\x01".encode())
     for problem in held_out:
-        digest.update(f"H{problem.problem}\x00{problem.answer}\x01".encode())
-    return digest.hexdigest()[:16]
+        item = f"H{problem.problem}\x00{problem.answer}\x01".encode()
+        digest.update(item)
+        held.update(item)
+    return digest.hexdigest()[:16], held.hexdigest()[:16]
 
 
 def plan_comparison(
@@ -231,7 +255,9 @@ def plan_comparison(
     if check_prompts:
         for seed in seeds:
             specs = [r for r in plan.runs if r.seed == seed]
-            plan.prompt_digests[str(seed)] = {r.method: prompt_schedule_digest(r.config) for r in specs}
+            plan.prompt_digests[str(seed)] = {}
+            for spec in specs:
+                plan.prompt_digests[str(seed)][spec.method], spec.held_out_digest = _digests(spec.config)
             if len(set(plan.prompt_digests[str(seed)].values())) > 1:
                 plan.notes.append(
                     f"seed {seed}: the methods' prompt schedules differ ({plan.prompt_digests[str(seed)]}); "
@@ -288,11 +314,23 @@ def _config_differences(saved: RunConfig, planned: RunConfig) -> list[str]:
     return sorted(k for k in a.keys() | b.keys() if k not in ignore and a.get(k) != b.get(k))
 
 
-def _eval_key(config: RunConfig) -> str:
+def eval_sharing_key(config: RunConfig, held_out_digest: str | None = None) -> str:
+    """Runs with equal keys score the initial policy identically: same model, held-out set and eval settings.
+
+    Every config key counts except those that only affect training (``_NOT_EVAL_KEYS`` and the ``algorithm``,
+    ``optim`` and ``log`` sections); an unknown new key therefore prevents sharing rather than allowing a wrong
+    one. ``held_out_digest`` (the SHA-256 of the held-out problems) stands for the data keys that choose the
+    held-out set; ``train.seed`` is dropped from the key only when it is known not to matter: a digest is given
+    and the evaluation is greedy only (``eval.samples == 0``; the sampled pass is seeded by ``train.seed``).
+    """
     flat = _flat(config)
     kept = {
         k: v for k, v in flat.items() if not k.startswith(_NOT_EVAL_KEYS_PREFIX) and k not in _NOT_EVAL_KEYS
     }
+    if held_out_digest is not None:
+        kept["held_out_digest"] = held_out_digest
+        if not config.eval.samples:
+            kept.pop("train.seed")
     return json.dumps(kept, sort_keys=True, default=str)
 
 
@@ -303,14 +341,13 @@ def _share_eval_before(plan: ComparisonPlan, spec: RunSpec) -> None:
     target = spec.run_dir / EVAL_BEFORE
     if target.exists():
         return
-    key = _eval_key(spec.config)
+    key = eval_sharing_key(spec.config, spec.held_out_digest)
     for other in plan.runs:
         source = other.run_dir / EVAL_BEFORE
         if (
             other is not spec
-            and other.seed == spec.seed
             and source.exists()
-            and _eval_key(other.config) == key
+            and eval_sharing_key(other.config, other.held_out_digest) == key
         ):
             spec.run_dir.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)

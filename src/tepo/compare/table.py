@@ -12,7 +12,22 @@ Columns, from each run directory:
 - ``reward``: mean batch reward over the last third of the steps,
 - ``steps@R`` / ``wall s@R``: the first step at which the trailing ``window``-step mean of the batch reward reaches
   the threshold ``R``, and the summed ``step_seconds`` up to it; averaged over the seeds that reached it, and the
-  count is shown (``2/3``) when some did not.
+  count is shown (``2/3``) when some did not,
+- ``steps@90% <ref>`` / ``wall s@90% <ref>``: convergence as TEPO and DAPO report it (:func:`convergence`): the
+  first step at which the run's held-out accuracy curve reaches ``share`` (default 0.9) of the *reference*
+  method's final held-out accuracy, and the summed ``step_seconds`` of the steps up to it (training time; the
+  evaluations themselves are not in ``step_seconds``). A run that never reaches it counts as "not reached";
+  the cell averages the seeds that reached it and shows how many did,
+- ``held-out AUC``: the area under the held-out accuracy curve over steps, divided by the number of steps: the
+  mean held-out accuracy over training (:func:`curve_auc`).
+
+The held-out accuracy curve of a run (:func:`held_out_curve`) is greedy accuracy at step 0 (``eval_before.json``,
+else ``summary.json`` ``before``), at every metrics row that carries ``eval_greedy_accuracy`` (every
+``eval.every`` steps) and at the last step (``summary.json`` ``after``). The convergence target is one number
+for the whole table: ``share`` times the reference method's *seed-mean* final held-out accuracy (not each
+seed's own reference run), so every method and seed is measured against the same bar and a lucky or unlucky
+reference seed does not move the bar of one seed only; the intervals then describe the method's own
+run-to-run variation. The reference is ``grpo`` when it is among the methods, else the first method.
 
 Every value is the mean over seeds with the percentile bootstrap interval of ``tepo.compare.stats``. Higher is
 better for accuracies and reward, lower for steps and wall time; ``best`` marks the best mean of each column
@@ -24,6 +39,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from tepo.compare.stats import (
@@ -35,6 +51,12 @@ from tepo.compare.stats import (
 from tepo.metrics import read_metrics
 
 INITIAL_ROW = "initial policy"
+DEFAULT_CONVERGENCE_SHARE = 0.9
+DEFAULT_REFERENCE = "grpo"
+EVAL_BEFORE_FILE = (
+    "eval_before.json"  # tepo.training.EVAL_BEFORE, named here so tables never import the trainer
+)
+REACH_KEYS = ("steps_to_threshold", "seconds_to_threshold", "steps_to_share", "seconds_to_share")
 _BENCH_KEYS = ("accuracy", "greedy_accuracy", "mean_accuracy")
 
 
@@ -112,6 +134,66 @@ def steps_to_threshold(
     return None, None
 
 
+def held_out_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """``[(step, greedy held-out accuracy)]``: step 0 (initial policy), every eval row, the final accuracy.
+
+    Step 0 is ``eval_before.json`` (else ``summary.json`` ``before``); the final point is ``summary.json``
+    ``after`` at the last logged step (``summary.json`` ``steps`` when there is no metrics row). Points without
+    a finite accuracy are left out; a step logged twice keeps its last value.
+    """
+    run_dir = Path(run_dir)
+    summary = _read_json(run_dir / "summary.json") or {}
+    before = _read_json(run_dir / EVAL_BEFORE_FILE) or summary.get("before") or {}
+    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    points: dict[int, float] = {}
+    if (acc := _number(before.get("eval_greedy_accuracy"))) is not None:
+        points[0] = acc
+    last_step = 0
+    for row in rows:
+        step = row.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            last_step = max(last_step, step)
+            if (acc := _number(row.get("eval_greedy_accuracy"))) is not None:
+                points[step] = acc
+    if not rows and isinstance(summary.get("steps"), int):
+        last_step = summary["steps"]
+    final = _number((summary.get("after") or {}).get("eval_greedy_accuracy"))
+    if final is not None and last_step > 0:
+        points[last_step] = final
+    return sorted(points.items())
+
+
+def convergence(
+    curve: list[tuple[int, float]], rows: list[dict], target: float
+) -> tuple[int | None, float | None]:
+    """First step whose held-out accuracy is >= ``target``, and the summed ``step_seconds`` of steps 1..that step.
+
+    Returns ``(None, None)`` when no point of the curve reaches the target ("not reached"); step 0 (the initial
+    policy already at the target) takes 0 seconds.
+    """
+    step = next((s for s, acc in curve if acc >= target), None)
+    if step is None:
+        return None, None
+    seconds = sum(
+        _number(r.get("step_seconds")) or 0.0
+        for r in rows
+        if isinstance(r.get("step"), int) and 0 < r["step"] <= step
+    )
+    return step, seconds
+
+
+def curve_auc(curve: list[tuple[int, float]]) -> float | None:
+    """Trapezoid area under ``curve`` divided by its step span: the mean held-out accuracy over training.
+
+    ``sum((s[i+1] - s[i]) * (a[i] + a[i+1]) / 2) / (s[-1] - s[0])``; with the curve starting at step 0 the
+    divisor is the number of steps. ``None`` with fewer than two points.
+    """
+    if len(curve) < 2 or curve[-1][0] <= curve[0][0]:
+        return None
+    area = sum((s1 - s0) * (a0 + a1) / 2 for (s0, a0), (s1, a1) in pairwise(curve))
+    return area / (curve[-1][0] - curve[0][0])
+
+
 def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[str, float], dict[str, float]]:
     """(after-training values, before-training values) of one run, by column key; missing values left out."""
     run_dir = Path(run_dir)
@@ -128,6 +210,7 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[st
     steps, seconds = steps_to_threshold(rows, threshold, window)
     values["steps_to_threshold"] = None if steps is None else float(steps)
     values["seconds_to_threshold"] = seconds
+    values["auc_held_out"] = curve_auc(held_out_curve(run_dir))
     initial = {
         "held_out": _number(before.get("eval_greedy_accuracy")),
         "sampled": _number(before.get("eval_sampled_accuracy")),
@@ -146,8 +229,16 @@ def build_table(
     resamples: int = DEFAULT_RESAMPLES,
     confidence: float = DEFAULT_CONFIDENCE,
     bootstrap_seed: int = DEFAULT_BOOTSTRAP_SEED,
+    convergence_share: float = DEFAULT_CONVERGENCE_SHARE,
+    reference: str | None = None,
 ) -> dict:
     """The table as a JSON-ready dict (see the module docstring); only finished runs (``summary.json``) count."""
+    if not 0 < convergence_share <= 1:
+        raise ValueError(f"--convergence-share: expected a share in (0, 1], got {convergence_share}")
+    if reference is not None and reference not in runs:
+        raise ValueError(f"--reference {reference!r}: not one of the methods ({', '.join(runs)})")
+    if reference is None and runs:
+        reference = DEFAULT_REFERENCE if DEFAULT_REFERENCE in runs else next(iter(runs))
     per_method: dict[str, dict[int, dict]] = {}
     initial: dict[int, dict] = {}
     missing = []
@@ -159,6 +250,20 @@ def build_table(
             after, before = run_values(run_dir, threshold=threshold, window=window)
             per_method.setdefault(method, {})[seed] = after
             initial.setdefault(seed, before)  # identical across methods for one seed: the same initial policy
+
+    ref_finals = [v["held_out"] for v in per_method.get(reference, {}).values() if "held_out" in v]
+    ref_final = sum(ref_finals) / len(ref_finals) if ref_finals else None
+    target = None if ref_final is None else convergence_share * ref_final
+    if target is not None:
+        for method, seeds in per_method.items():
+            for seed, values in seeds.items():
+                run_dir = Path(runs[method][seed])
+                rows_ = (
+                    read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+                )
+                step, secs = convergence(held_out_curve(run_dir), rows_, target)
+                if step is not None:
+                    values["steps_to_share"], values["seconds_to_share"] = float(step), secs
 
     benches = sorted(
         {k for seeds in per_method.values() for v in seeds.values() for k in v if k.startswith("bench:")}
@@ -173,6 +278,9 @@ def build_table(
         Column("reward", "reward (last 1/3)"),
         Column("steps_to_threshold", f"steps@{r_label}", higher_is_better=False),
         Column("seconds_to_threshold", f"wall s@{r_label}", higher_is_better=False),
+        Column("steps_to_share", f"steps@{convergence_share:.0%} {reference}", higher_is_better=False),
+        Column("seconds_to_share", f"wall s@{convergence_share:.0%} {reference}", higher_is_better=False),
+        Column("auc_held_out", "held-out AUC"),
     ]
     bench_keys = [c.key for c in columns if c.benchmark]
 
@@ -224,6 +332,14 @@ def build_table(
         else None,
         "missing_runs": missing,
         "threshold": {"metric": "reward_mean", "value": threshold, "window": window},
+        "convergence": {
+            "metric": "eval_greedy_accuracy",
+            "reference": reference,
+            "share": convergence_share,
+            "reference_final_mean": ref_final,
+            "reference_seeds": len(ref_finals),
+            "target": target,
+        },
         "bootstrap": {
             "method": "percentile",
             "resamples": resamples,
@@ -243,16 +359,18 @@ def format_value(value: float | None, key: str) -> str:
     """A column's number as the tables show it: steps with one decimal, seconds whole, scores with three."""
     if value is None:
         return "-"
-    if key in ("steps_to_threshold",):
+    if key in ("steps_to_threshold", "steps_to_share"):
         return f"{value:.1f}"
-    if key == "seconds_to_threshold":
+    if key in ("seconds_to_threshold", "seconds_to_share"):
         return f"{value:.0f}"
     return f"{value:.3f}"
 
 
 def format_cell(cell: dict | None, key: str, *, markdown: bool, with_interval: bool = True) -> str:
     if not cell or cell.get("mean") is None:
-        return "-" if not cell or not cell.get("of") else f"- (0/{cell['of']})"
+        if not cell or not cell.get("of"):
+            return "-"
+        return f"not reached (0/{cell['of']})" if key in REACH_KEYS else f"- (0/{cell['of']})"
     mean = format_value(cell["mean"], key)
     if cell.get("best"):
         mean = f"**{mean}**" if markdown else f"{mean}*"
@@ -289,6 +407,16 @@ def table_footer(table: dict) -> str:
         f"seed {b['seed']}]; best of each column marked; steps@{t['value']:g}: first step whose trailing "
         f"{t['window']}-step mean batch reward >= {t['value']:g} (seeds that reached it / all)",
     ]
+    c = table.get("convergence") or {}
+    if c.get("target") is not None:
+        lines.append(
+            f"steps@{c['share']:.0%} {c['reference']}: first step whose held-out greedy accuracy (step 0, every "
+            f"eval, final) >= {c['share']:g} x {c['reference']}'s seed-mean final {c['reference_final_mean']:.3f} "
+            f"= {c['target']:.3f}; wall s: summed step_seconds to it; held-out AUC: trapezoid area under that "
+            "curve / steps (mean accuracy over training)"
+        )
+    elif c.get("reference"):
+        lines.append(f"steps@{c['share']:.0%}: no finished {c['reference']} run, so no convergence target")
     if table.get("missing_runs"):
         lines.append(f"not finished (left out): {', '.join(table['missing_runs'])}")
     return "\n".join(lines)

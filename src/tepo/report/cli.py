@@ -14,7 +14,13 @@ def _cmd_report(args) -> int:
     from tepo.report.html import build_report
 
     try:
-        result = build_report(Path(args.path), threshold=args.threshold, window=args.window)
+        result = build_report(
+            Path(args.path),
+            threshold=args.threshold,
+            window=args.window,
+            convergence_share=args.convergence_share,
+            reference=args.reference,
+        )
     except ValueError as err:
         from tepo.config import ConfigError
 

@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tepo.metrics import read_metrics
-from tepo.report.plots import COMPARISON_CURVES, plot_comparison_grid, plot_metric_by_method, plot_token_view
+from tepo.report.plots import (
+    informative_comparison_curves,
+    plot_comparison_grid,
+    plot_metric_by_method,
+    plot_token_view,
+)
 from tepo.report.tokens import (
     advantage_colour,
     colour_scales,
@@ -102,7 +107,7 @@ def token_view_html(samples: list[dict]) -> str:
 
 
 def comparison_table_html(table: dict) -> str:
-    from tepo.compare.table import format_value
+    from tepo.compare.table import REACH_KEYS, format_value
 
     cols = table["columns"]
     head = "".join(f"<th>{html.escape(c['label'])}</th>" for c in cols)
@@ -115,7 +120,8 @@ def comparison_table_html(table: dict) -> str:
             cell = row["cells"].get(c["key"])
             if not cell or cell.get("mean") is None:
                 of = cell.get("of") if cell else None
-                cells.append(f"<td>-{f' (0/{of})' if of else ''}</td>")
+                word = "not reached" if c["key"] in REACH_KEYS and of else "-"
+                cells.append(f"<td>{word}{f' (0/{of})' if of else ''}</td>")
                 continue
             text = html.escape(format_value(cell["mean"], c["key"]))
             if cell.get("best"):
@@ -150,13 +156,27 @@ def _curves_section(
         body.append(
             '<p class="note">line: mean over seeds at each step; shaded: from the lowest to the highest seed.</p>'
         )
+    kept, zero, absent = informative_comparison_curves(runs_by_method)
     tags = []
-    for key, label in COMPARISON_CURVES:
+    for key, label in kept:
         png = plot_metric_by_method(runs_by_method, key, label, fig_dir / f"curve_{key}.png")
         figures.append(png)
         tags.append(_png_tag(png, label))
-    figures.append(plot_comparison_grid(runs_by_method, fig_dir / "curves.png", title=title))
+    if kept:
+        figures.append(plot_comparison_grid(runs_by_method, fig_dir / "curves.png", title=title, curves=kept))
     body.append(f'<div class="figs">{"".join(tags)}</div>')
+    if zero:
+        body.append(
+            '<p class="note">0 at every step of every run, not drawn: '
+            + html.escape(", ".join(label for _, label in zero))
+            + " (with one update per rollout the policy ratio is exactly 1, so nothing is clipped).</p>"
+        )
+    if absent:
+        body.append(
+            '<p class="note">not logged by these runs: '
+            + html.escape(", ".join(label for _, label in absent))
+            + ".</p>"
+        )
     return body
 
 
@@ -202,7 +222,10 @@ def _write(out_dir: Path, title: str, body: list[str], figures: list[Path], kind
     return ReportResult(path, figures, kind)
 
 
-def report_comparison(directory: Path, *, threshold: float = 0.3, window: int = 3) -> ReportResult:
+def report_comparison(
+    directory: Path, *, threshold: float = 0.3, window: int = 3, **table_options
+) -> ReportResult:
+    """``table_options``: ``convergence_share`` / ``reference`` of :func:`tepo.compare.table.build_table`."""
     from tepo.compare.runner import discover_runs, load_plan
     from tepo.compare.table import build_table, table_footer, write_table
 
@@ -215,7 +238,7 @@ def report_comparison(directory: Path, *, threshold: float = 0.3, window: int = 
     out_dir, figures = directory / REPORT_DIR, []
     fig_dir = out_dir / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
-    table = build_table(runs, threshold=threshold, window=window)
+    table = build_table(runs, threshold=threshold, window=window, **table_options)
     write_table(table, directory)
     plan = load_plan(directory) or {}
     runs_by_method = {
@@ -299,15 +322,16 @@ def _fmt(value) -> str:
     return f"{value:.3f}"
 
 
-def build_report(path: Path, *, threshold: float = 0.3, window: int = 3) -> ReportResult:
-    """Report for a run directory (``metrics.jsonl`` / ``config.yaml``) or a comparison directory."""
+def build_report(path: Path, *, threshold: float = 0.3, window: int = 3, **table_options) -> ReportResult:
+    """Report for a run directory (``metrics.jsonl`` / ``config.yaml``) or a comparison directory
+    (``table_options``: ``convergence_share``, ``reference``, passed to the comparison table)."""
     from tepo.compare.runner import PLAN_FILE
 
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"{path}: not a directory (expected a run directory or a comparison directory)")
     if (path / PLAN_FILE).exists() or any(path.glob("*/seed*/config.yaml")):
-        return report_comparison(path, threshold=threshold, window=window)
+        return report_comparison(path, threshold=threshold, window=window, **table_options)
     if (path / "metrics.jsonl").exists() or (path / "config.yaml").exists():
         return report_run(path)
     raise ValueError(

@@ -94,6 +94,25 @@ COMPARISON_CURVES = (
     ("response_length_mean", "response length (tokens)"),
     ("step_seconds", "seconds per step"),
 )
+
+
+def informative_comparison_curves(
+    runs_by_method: dict[str, list[list[dict]]], curves=COMPARISON_CURVES
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(kept, zero, absent)``: curves with a non-zero value in some run, curves identically 0 in every run that
+    logged them, curves no run logged.
+
+    As in the single-run plot (:func:`_informative_curves`): with one update per rollout the ratio is exactly 1,
+    so clip fractions and KL old->new are 0 at every step, and a flat zero panel tells nothing; the report folds
+    it into a one-line note instead of drawing it.
+    """
+    kept, zero, absent = [], [], []
+    for key, label in curves:
+        values = [y for runs in runs_by_method.values() for rows in runs for y in _series(rows, key)[1]]
+        (kept if any(y != 0 for y in values) else zero if values else absent).append((key, label))
+    return kept, zero, absent
+
+
 METRIC_FIGSIZE = (5.0, 3.2)  # inches; at METRIC_DPI a per-metric PNG is 500 x 320 pixels
 METRIC_DPI = 100
 GRID_DPI = 90
