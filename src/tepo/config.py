@@ -87,6 +87,10 @@ class RolloutConfig:
     # 0: sample, then update (on-policy up to the engine's numerics). 1: sample step k+1's batch in the background
     # while step k's update runs (one policy version behind; needs an engine in a process of its own, vllm).
     async_steps: int = 0
+    # vllm backend: after each weight sync, compare the engine's log-probs of a fixed probe with the trainer's and stop
+    # the run if they differ by more than parity_max_gap per token on average (tepo.rollout.parity).
+    parity_check: bool = True
+    parity_max_gap: float = 0.1
 
 
 @dataclass

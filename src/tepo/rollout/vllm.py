@@ -202,6 +202,8 @@ class VLLMRollout:
         self.request_timeout_s = float(request_timeout_s)
         self.last_sync_seconds = 0.0
         self.sync_count = 0
+        # tepo.rollout.parity.ParityGuard (rollout.parity_check): checked after every synchronous weight sync.
+        self.parity_guard = None
         self._proc: subprocess.Popen | None = None
         shm = Path("/dev/shm")
         self._weights_dir = Path(
@@ -311,6 +313,8 @@ class VLLMRollout:
             errors.append(f"rollout.vllm_kv_cache_gb: must be > 0, got {r.vllm_kv_cache_gb}")
         if r.vllm_max_model_len is not None and r.vllm_max_model_len < 1:
             errors.append(f"rollout.vllm_max_model_len: must be >= 1, got {r.vllm_max_model_len}")
+        if not r.parity_max_gap > 0:
+            errors.append(f"rollout.parity_max_gap: must be > 0, got {r.parity_max_gap}")
         return errors
 
     # ---- the interface ----------------------------------------------------------------------------------------
@@ -428,6 +432,10 @@ class VLLMRollout:
         self._stale = False
         self.last_sync_seconds = time.perf_counter() - start
         self.sync_count += 1
+        if self.parity_guard is not None:
+            # The probe's generate finds the weights synced (no recursion). Staged syncs (rollout.async_steps=1)
+            # are not checked: the model is mid-update in another thread by then.
+            self.parity_guard.check(self)
         return True
 
     def _drop_weights_file(self) -> None:

@@ -129,6 +129,11 @@ class Trainer:
         self.rollout = make_rollout_from_config(
             c.rollout, self.model, self.tokenizer, seed=c.train.seed, run_dir=self.run_dir, log=log
         )
+        if c.rollout.parity_check and hasattr(self.rollout, "parity_guard"):
+            from tepo.rollout.parity import ParityGuard
+
+            # Every weight sync checks that the engine samples the trained weights (tepo.rollout.parity).
+            self.rollout.parity_guard = ParityGuard(c.rollout.parity_max_gap)
         # Off-policy correction of the sampler/trainer gap (auto: on where another engine samples).
         mode = resolve_rollout_correction(c, backend=choose_rollout_backend(c.rollout)[0])
         self.correction = (

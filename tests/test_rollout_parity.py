@@ -1,0 +1,55 @@
+"""The parity guard (rollout.parity_check) on the real vLLM engine: a sync that leaves the engine on old weights
+stops the run; a correct sync passes. LoRA adapters exercise the merged-weights export as well."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import vllm_python_or_skip
+from tepo.rollout.parity import ParityError, ParityGuard, parity_gap
+
+pytestmark = pytest.mark.model
+
+
+def _update(model, tokenizer, steps: int = 3, lr: float = 1e-3) -> None:
+    """A few AdamW steps raising the log-prob of one fixed answer (a large lr: a clear change of the policy)."""
+    ids = tokenizer("What is 2 + 2? The answer is 4, of course.", return_tensors="pt")["input_ids"]
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+@pytest.mark.parametrize("lora", [True])
+def test_guard_stops_a_stale_engine_and_passes_a_synced_one(monkeypatch, lora):
+    python = vllm_python_or_skip()
+    from tepo.config import LoraConfig, RolloutConfig
+    from tepo.lora import apply_lora
+    from tepo.models import load_model_and_tokenizer
+    from tepo.rollout.vllm import VLLMRollout
+
+    model, tokenizer = load_model_and_tokenizer(None)
+    if lora:
+        model = apply_lora(model, LoraConfig(rank=8, alpha=16.0))
+    with VLLMRollout(model, tokenizer, python=python, dtype="bfloat16", kv_cache_gb=0.25) as rollout:
+        max_gap = RolloutConfig().parity_max_gap
+        fresh = parity_gap(rollout, model, tokenizer)
+        assert fresh < max_gap  # the bf16 engine against the float32 trainer, same weights
+        rollout.parity_guard = ParityGuard(max_gap)
+        _update(model, tokenizer)
+
+        real_call = rollout._call
+        monkeypatch.setattr(
+            rollout,
+            "_call",
+            lambda request: {"ok": True} if request["cmd"] == "reload" else real_call(request),
+        )
+        with pytest.raises(ParityError, match="not sampling the trained weights"):
+            rollout.sync_weights()  # the broken sync: the engine keeps the old weights
+        monkeypatch.setattr(rollout, "_call", real_call)
+        assert rollout.sync_weights(force=True)  # a correct sync passes the guard
+        assert rollout.parity_guard.last_gap < max_gap
+        assert rollout.parity_guard.checks == 2
