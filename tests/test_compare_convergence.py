@@ -158,4 +158,6 @@ def test_fixture_table_and_report_from_small_files(tmp_path, capsys):
     assert page.count("data:image/png;base64,") >= 3
     assert "steps@90% grpo" in page and "held-out AUC" in page
     assert "0 at every step of every run, not drawn: clip fraction (high)" in page
+    assert "Convergence target: 0.9 x grpo's seed-mean final accuracy = 0.540" in page
+    assert (d / "report" / "figures" / "curve_held_out.png").exists()
     capsys.readouterr()

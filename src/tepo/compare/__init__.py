@@ -1,7 +1,8 @@
 """Fair side-by-side comparisons: every method x seed under identical settings, and the table with intervals.
 
 - ``tepo.compare.runner``: plan (``plan_comparison``), run/reuse/resume (``run_comparison``), discover runs,
-- ``tepo.compare.table``: the comparison table (``build_table``, ``render_markdown``, ``render_terminal``),
+- ``tepo.compare.table``: the comparison table (``build_table``, ``render_markdown``, ``render_terminal``) and
+  its convergence measures (``held_out_curve``, ``convergence``, ``curve_auc``),
 - ``tepo.compare.stats``: the percentile bootstrap over seeds,
 - ``tepo.compare.cli``: the ``tepo compare`` command.
 
@@ -12,13 +13,23 @@ from tepo.compare.runner import (
     ComparisonPlan,
     RunSpec,
     discover_runs,
+    eval_sharing_key,
     parse_methods,
     parse_seeds,
     plan_comparison,
     run_comparison,
 )
 from tepo.compare.stats import Interval, bootstrap_interval
-from tepo.compare.table import build_table, render_markdown, render_terminal, steps_to_threshold, write_table
+from tepo.compare.table import (
+    build_table,
+    convergence,
+    curve_auc,
+    held_out_curve,
+    render_markdown,
+    render_terminal,
+    steps_to_threshold,
+    write_table,
+)
 
 __all__ = [
     "ComparisonPlan",
@@ -26,7 +37,11 @@ __all__ = [
     "RunSpec",
     "bootstrap_interval",
     "build_table",
+    "convergence",
+    "curve_auc",
     "discover_runs",
+    "eval_sharing_key",
+    "held_out_curve",
     "parse_methods",
     "parse_seeds",
     "plan_comparison",

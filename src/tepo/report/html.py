@@ -180,6 +180,38 @@ def _curves_section(
     return body
 
 
+def _held_out_section(
+    runs: dict[str, dict[int, Path]], table: dict, fig_dir: Path, figures: list[Path]
+) -> list[str]:
+    """Held-out greedy accuracy by step (step 0, every eval, final): the curve the convergence columns read."""
+    from tepo.compare.table import held_out_curve
+
+    curves = {
+        m: [
+            [{"step": s, "eval_greedy_accuracy": a} for s, a in held_out_curve(d)]
+            for _, d in sorted(seeds.items())
+        ]
+        for m, seeds in runs.items()
+    }
+    if not any(len(c) > 1 for runs_ in curves.values() for c in runs_):
+        return []
+    label = "held-out accuracy (greedy)"
+    png = plot_metric_by_method(curves, "eval_greedy_accuracy", label, fig_dir / "curve_held_out.png")
+    figures.append(png)
+    conv = table.get("convergence") or {}
+    target = (
+        f" Convergence target: {conv['share']:g} x {html.escape(str(conv['reference']))}'s seed-mean final "
+        f"accuracy = {conv['target']:.3f}."
+        if conv.get("target") is not None
+        else ""
+    )
+    return [
+        "<h2>Held-out accuracy during training</h2>",
+        f'<p class="note">Step 0, every eval.every steps, and the final evaluation.{target}</p>',
+        f'<div class="figs">{_png_tag(png, label)}</div>',
+    ]
+
+
 def _tokens_section(
     sources: dict[str, Path], fig_dir: Path, figures: list[Path], per_file: int = 4
 ) -> list[str]:
@@ -272,6 +304,7 @@ def report_comparison(
             f"{'identical across methods for every seed' if same else 'NOT identical: see notes'}.</p>"
         )
     body += _curves_section(runs_by_method, fig_dir, figures, title)
+    body += _held_out_section(runs, table, fig_dir, figures)
     sources = {}
     for method, seeds in runs.items():
         for seed, run_dir in sorted(seeds.items()):
