@@ -161,3 +161,24 @@ def test_fixture_table_and_report_from_small_files(tmp_path, capsys):
     assert "Convergence target: 0.9 x grpo's seed-mean final accuracy = 0.540" in page
     assert (d / "report" / "figures" / "curve_held_out.png").exists()
     capsys.readouterr()
+
+
+def test_cli_options_and_their_errors(tmp_path, capsys):
+    from tepo.cli import main
+    from tepo.compare import cli as compare_cli
+    from tepo.compare.table import DEFAULT_CONVERGENCE_SHARE
+
+    assert compare_cli.DEFAULT_CONVERGENCE_SHARE == DEFAULT_CONVERGENCE_SHARE
+    d = tmp_path / "tiny"
+    shutil.copytree(FIXTURE, d)
+    args = ["compare", "--table-only", "--dir", str(d), "--no-report"]
+    assert main([*args, "--reference", "tepo", "--convergence-share", "0.5"]) == 0
+    conv = json.loads((d / "table.json").read_text())["convergence"]
+    assert conv["reference"] == "tepo" and conv["target"] == pytest.approx(0.5 * 0.625)
+    capsys.readouterr()
+    assert main([*args, "--reference", "ppo"]) == 2
+    assert "--reference 'ppo': not one of the methods" in capsys.readouterr().err
+    assert main(["compare", "--table-only", "--dir", str(tmp_path / "none"), "--no-report"]) == 2
+    assert "no runs found" in capsys.readouterr().err
+    assert main(["compare", "--dir", str(d)]) == 2
+    assert "--losses is required (unless --table-only)" in capsys.readouterr().err
