@@ -90,7 +90,7 @@ class RolloutConfig:
     # vllm backend: after each weight sync, compare the engine's log-probs of a fixed probe with the trainer's and stop
     # the run if they differ by more than parity_max_gap per token on average (tepo.rollout.parity).
     parity_check: bool = True
-    parity_max_gap: float = 0.1
+    parity_max_gap: float = 0.1  # its calibration: docs/performance.md "LoRA and the parity guard"
 
 
 @dataclass
