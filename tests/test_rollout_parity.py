@@ -53,3 +53,40 @@ def test_guard_stops_a_stale_engine_and_passes_a_synced_one(monkeypatch, lora):
         assert rollout.sync_weights(force=True)  # a correct sync passes the guard
         assert rollout.parity_guard.last_gap < max_gap
         assert rollout.parity_guard.checks == 2
+
+
+def test_a_lora_training_run_with_vllm_passes_the_guard_at_every_sync(tmp_path, embedded_model_dir):
+    """The trainer with LoRA and the vLLM engine: each sync sends the merged adapted weights, and the guard (on by
+    default) finds the engine on them every time."""
+    python = vllm_python_or_skip()
+    from tepo.config import load_config
+    from tepo.training import Trainer
+
+    config = load_config(
+        "default",
+        [
+            f"train.output_dir={tmp_path}",
+            "rollout.backend=vllm",
+            f"rollout.vllm_python={python}",
+            "model.lora.rank=8",
+            "optim.lr=1e-3",
+            "train.steps=3",
+            "train.prompts_per_step=2",
+            "rollout.group_size=3",
+            "rollout.max_new_tokens=8",
+            "eval.size=0",
+            "train.micro_batch_size=6",
+            "train.save_every=0",
+            "train.save_final=false",
+            "reward.num_workers=1",
+            "log.progress=false",
+            "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the rewards
+        ],
+    )
+    trainer = Trainer(config, tmp_path / "run", log=lambda *_: None)
+    assert trainer.run().steps_done == 3
+    guard = trainer.rollout.parity_guard
+    # Synced (and checked) before steps 2 and 3; eval.size=0 leaves no final evaluation to sync for.
+    assert trainer.rollout.sync_count == 2
+    assert guard.checks == 2
+    assert guard.last_gap < config.rollout.parity_max_gap
