@@ -12,7 +12,7 @@ from tepo.rollout.parity import ParityError, ParityGuard, parity_gap
 pytestmark = pytest.mark.model
 
 
-def _update(model, tokenizer, steps: int = 3, lr: float = 1e-3) -> None:
+def _update(model, tokenizer, steps: int = 6, lr: float = 5e-3) -> None:
     """A few AdamW steps raising the log-prob of one fixed answer (a large lr: a clear change of the policy)."""
     ids = tokenizer("What is 2 + 2? The answer is 4, of course.", return_tensors="pt")["input_ids"]
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)

@@ -90,7 +90,10 @@ class RolloutConfig:
     # vllm backend: after each weight sync, compare the engine's log-probs of a fixed probe with the trainer's and stop
     # the run if they differ by more than parity_max_gap per token on average (tepo.rollout.parity).
     parity_check: bool = True
-    parity_max_gap: float = 0.1  # its calibration: docs/performance.md "LoRA and the parity guard"
+    # A correct bf16 sync measured up to 0.16 on the greedy probe after 3 updates of a default run (the gap follows
+    # the probe's tokens, not only staleness): 0.5 stops grossly wrong engines without stopping correct runs
+    # (docs/performance.md "LoRA and the parity guard").
+    parity_max_gap: float = 0.5
 
 
 @dataclass

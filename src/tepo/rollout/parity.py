@@ -1,7 +1,7 @@
 """Parity guard: does the rollout engine sample the weights being trained? (``rollout.parity_check``)
 
-At each weight sync the engine samples a short fixed probe (one chat prompt, ``PROBE_TOKENS`` tokens, seed 0,
-temperature 1, top-p 1, so its reported log-probs are the plain ``log_softmax`` of its logits) and the trainer
+At each weight sync the engine decodes a short fixed probe greedily (one chat prompt, ``PROBE_TOKENS`` tokens; its
+reported log-probs are then the plain ``log_softmax`` of its logits) and the trainer
 scores the same tokens with :func:`tepo.logprobs.response_logprobs` in float32. The gap is
 
     gap = mean_t | log pi_engine(y_t | x, y_<t) - log pi_trainer(y_t | x, y_<t) |
@@ -45,6 +45,7 @@ def parity_gap(rollout, model, tokenizer) -> float:
         temperature=1.0,
         top_p=1.0,
         seed=0,
+        greedy=True,
         return_logprobs=True,
     )
     was_training = model.training
