@@ -105,6 +105,7 @@ def test_checkpoint_holds_the_adapters_and_restores_them(tmp_path):
         assert torch.equal(adapter_state_dict(fresh)[key], value)
 
 
+@pytest.mark.slow  # two real runs of the embedded model (minutes); the LoRA + vLLM run in test_rollout_parity is default
 @pytest.mark.model
 def test_lora_run_resumes_exactly_and_evaluates_merged(tmp_path):
     """``tepo train model.lora.rank=16`` on the embedded model: a run stopped after 1 step and resumed ends
