@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                 "data",
                 "models",
                 "rollout",
+                "lora",
                 "metrics",
                 "checkpoint",
                 "batch",

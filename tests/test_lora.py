@@ -16,7 +16,7 @@ pytest.importorskip("peft")
 from tepo.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from tepo.config import ConfigError, LoraConfig, load_config
 from tepo.logprobs import response_logprobs
-from tepo.lora import adapter_state_dict, apply_lora, merge_lora, merged_state_dict
+from tepo.lora import LoraTargetError, adapter_state_dict, apply_lora, merge_lora, merged_state_dict
 
 TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
@@ -70,7 +70,7 @@ def test_logprobs_of_the_adapted_model_equal_the_merged_model_and_grads_reach_ad
 
 
 def test_missing_target_module_names_the_key():
-    with pytest.raises(ConfigError, match=r"model\.lora\.target_modules.*c_attn"):
+    with pytest.raises(LoraTargetError, match=r"model\.lora\.target_modules.*c_attn"):
         apply_lora(tiny_llama(0), LoraConfig(rank=4, target_modules="q_proj,c_attn"))
 
 

@@ -67,16 +67,19 @@ def lora_config_errors(lora) -> list[str]:
     return errors
 
 
+class LoraTargetError(ValueError):
+    """``model.lora.target_modules`` does not fit the loaded model (checked once it is loaded)."""
+
+
 def apply_lora(model, lora):
     """``model`` wrapped with LoRA adapters per ``lora`` (``model.lora``); only the adapters require grad.
 
-    Raises :class:`tepo.config.ConfigError` naming ``model.lora.target_modules`` when a named module is not in the
+    Raises :class:`LoraTargetError` (the trainer reports it as a config error) naming ``model.lora.target_modules`` when a named module is not in the
     model, or peft cannot adapt it (not a linear/embedding/conv layer).
     """
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
-    from tepo.config import ConfigError
 
     targets = target_modules(lora.target_modules)
     if targets != ALL_LINEAR:
@@ -90,7 +93,7 @@ def apply_lora(model, lora):
                     if isinstance(module, torch.nn.Linear)
                 }
             )
-            raise ConfigError(
+            raise LoraTargetError(
                 f"model.lora.target_modules: the model ({type(model).__name__}) has no module named "
                 f"{', '.join(missing)}; its linear layers are {', '.join(linear)} (or use {ALL_LINEAR!r})"
             )
@@ -105,7 +108,7 @@ def apply_lora(model, lora):
     try:
         return get_peft_model(model, config)
     except (ValueError, TypeError) as err:
-        raise ConfigError(f"model.lora.target_modules: peft cannot adapt {targets!r}: {err}") from None
+        raise LoraTargetError(f"model.lora.target_modules: peft cannot adapt {targets!r}: {err}") from None
 
 
 def is_lora(model) -> bool:

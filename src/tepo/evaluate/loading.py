@@ -121,12 +121,11 @@ def load_eval_model(
         if (
             lora is not None
         ):  # the checkpoint holds the adapters: put them on the base model, merge after loading
-            from tepo.config import ConfigError
-            from tepo.lora import apply_lora
+            from tepo.lora import LoraTargetError, apply_lora
 
             try:
                 model = apply_lora(model, lora)
-            except ConfigError as err:
+            except LoraTargetError as err:
                 raise EvalError(f"{info['run_dir']}: {err}") from None
         try:
             load_checkpoint(

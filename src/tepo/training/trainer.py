@@ -116,11 +116,12 @@ class Trainer:
             # since LoRA's B starts at zero).
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         if c.model.lora.rank > 0:
-            from tepo.lora import apply_lora
+            from tepo.lora import LoraTargetError, apply_lora
 
-            self.model = apply_lora(
-                self.model, c.model.lora
-            )  # a bad target module fails here, before training
+            try:  # a bad target module fails here, before training
+                self.model = apply_lora(self.model, c.model.lora)
+            except LoraTargetError as err:
+                raise ConfigError(str(err)) from None
             trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             log(f"LoRA rank {c.model.lora.rank}: training {trained:,} adapter parameters")
         self.model.train()  # no dropout in the supported models (but LoRA's, model.lora.dropout)
