@@ -435,7 +435,9 @@ class VLLMRollout:
         if self.parity_guard is not None:
             # The probe's generate finds the weights synced (no recursion). Staged syncs (rollout.async_steps=1)
             # are not checked: the model is mid-update in another thread by then.
+            seconds = self.last_sync_seconds
             self.parity_guard.check(self)
+            self.last_sync_seconds = seconds  # the probe's own generate reset it: report the sync's time
         return True
 
     def _drop_weights_file(self) -> None:
