@@ -369,7 +369,12 @@ def test_unreachable_hub_gives_one_message_naming_the_ways_out(tmp_path):
 
 
 # Paths of the machine the project is developed on, in any spelling seen so far.
-_MACHINE_PATH = re.compile(r"/work/|\.\./shared\b|\bshared/(data|papers)\b|ALGORITHMS\.md|ARCHITECTURE\.md")
+# The directory this checkout lies in (the development machine's work area), and the shared folder beside it.
+_MACHINE_PATH = re.compile(
+    re.escape(str(Path(__file__).resolve().parents[2]))
+    + "/"
+    + r"|\.\./shared\b|\bshared/(data|papers)\b|ALGORITHMS\.md|ARCHITECTURE\.md"
+)
 
 
 def test_package_source_names_no_machine_path():
