@@ -165,8 +165,8 @@ def test_fixture_table_and_report_from_small_files(tmp_path, capsys):
 
 def test_cli_options_and_their_errors(tmp_path, capsys):
     from tepo.cli import main
-    from tepo.compare import cli as compare_cli
     from tepo.compare.table import DEFAULT_CONVERGENCE_SHARE
+    from tepo.report import compare_cli
 
     assert compare_cli.DEFAULT_CONVERGENCE_SHARE == DEFAULT_CONVERGENCE_SHARE
     d = tmp_path / "tiny"

@@ -110,7 +110,7 @@ def _register_optional(sub) -> None:
     """Commands that live in their own modules (eval, compare, report) register themselves here when present."""
     import importlib
 
-    for module in ("tepo.evaluate.cli", "tepo.compare.cli", "tepo.report.cli"):
+    for module in ("tepo.evaluate.cli", "tepo.report.compare_cli", "tepo.report.cli"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as err:

@@ -4,7 +4,7 @@
 - ``tepo.compare.table``: the comparison table (``build_table``, ``render_markdown``, ``render_terminal``) and
   its convergence measures (``held_out_curve``, ``convergence``, ``curve_auc``),
 - ``tepo.compare.stats``: the percentile bootstrap over seeds,
-- ``tepo.compare.cli``: the ``tepo compare`` command.
+- the ``tepo compare`` command lives in ``tepo.report.compare_cli`` (it writes the report, so it sits above both).
 
 The default comparison task, ``arithmetic-mix``, is a procedural task in :mod:`tepo.data.tasks`.
 """

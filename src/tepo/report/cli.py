@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tepo.compare.cli import threshold_args
+from tepo.report.compare_cli import threshold_args
 
 
 def _cmd_report(args) -> int:
