@@ -80,7 +80,6 @@ def apply_lora(model, lora):
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
-
     targets = target_modules(lora.target_modules)
     if targets != ALL_LINEAR:
         leaf_names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules() if name}
