@@ -20,7 +20,14 @@ from helpers import vllm_python_or_skip
 from tepo.config import RolloutConfig
 from tepo.rollout import choose_rollout_backend
 from tepo.rollout.base import batch_from_responses
-from tepo.rollout.vllm import VLLMRollout, VLLMServerError, find_vllm_python, write_weights
+from tepo.rollout.vllm import (
+    OWNERS_FILE,
+    VLLMRollout,
+    VLLMServerError,
+    find_vllm_python,
+    sweep_orphaned_weight_dirs,
+    write_weights,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -32,6 +39,32 @@ class CharTokenizer:
         return [
             "".join(chr(ord("a") + t) for t in row if not (skip_special_tokens and t == 2)) for row in rows
         ]
+
+
+def test_sweep_removes_only_folders_whose_owners_are_all_dead(tmp_path):
+    import subprocess
+    import sys
+
+    finished = subprocess.Popen([sys.executable, "-c", "pass"])
+    finished.wait()  # a pid that no longer runs (reaped)
+    dead, half_alive, alive, unowned, other = (
+        tmp_path / "tepo-vllm-weights-dead",
+        tmp_path / "tepo-vllm-weights-half",
+        tmp_path / "tepo-vllm-weights-alive",
+        tmp_path / "tepo-vllm-weights-unowned",
+        tmp_path / "someone-elses",
+    )
+    for folder in (dead, half_alive, alive, unowned, other):
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x" * 16)
+    (dead / OWNERS_FILE).write_text(f"{finished.pid}\n{finished.pid}\n")
+    (half_alive / OWNERS_FILE).write_text(f"{finished.pid}\n{os.getpid()}\n")  # its server still runs
+    (alive / OWNERS_FILE).write_text(f"{os.getpid()}\n")
+    (other / OWNERS_FILE).write_text(f"{finished.pid}\n")  # not ours by name: never touched
+
+    assert sweep_orphaned_weight_dirs(tmp_path) == [dead]
+    assert not dead.exists()
+    assert half_alive.exists() and alive.exists() and unowned.exists() and other.exists()
 
 
 def test_batch_from_responses_layout_eos_and_truncation():
@@ -221,6 +254,9 @@ def test_vllm_samples_are_well_formed_and_reproducible(fp32_engine, chat_prompts
     assert (eos.any(1) == ~a.truncated).all()  # ends at EOS unless truncated at max_new_tokens
     greedy = fp32_engine.generate(chat_prompts, num_samples=2, max_new_tokens=8, greedy=True)
     assert greedy.texts[0] == greedy.texts[1] and greedy.texts[2] == greedy.texts[3]
+    # The weights folder names its owners, so a later run can sweep it if both are SIGKILLed.
+    owners = (fp32_engine._weights_dir / OWNERS_FILE).read_text().split()
+    assert owners == [str(os.getpid()), str(fp32_engine._proc.pid)]
 
 
 @pytest.mark.model

@@ -50,6 +50,39 @@ READY_MARKER = "tepo-vllm-ready"  # written by scripts/install_vllm_cpu.sh as it
 VLLM_DTYPES = ("bfloat16", "float16", "float32")
 
 
+WEIGHTS_DIR_PREFIX = "tepo-vllm-weights-"
+OWNERS_FILE = "owners.pid"  # the trainer's and the server's pids, one a line: see sweep_orphaned_weight_dirs
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def sweep_orphaned_weight_dirs(root: Path) -> list[Path]:
+    """Remove weight folders in ``root`` whose trainer and server are both gone; returns the folders removed.
+
+    Each folder holds a model's worth of weights in ``/dev/shm``, i.e. in RAM. The server removes its folder when it
+    exits and ``close()`` does too, but a run whose trainer *and* server were SIGKILLed (an OOM kill, a killed job
+    group) leaves it behind, 311 MB for the embedded model each time, until the machine reboots. Folders without an
+    owners file (another tool's, or one being set up right now) are left alone."""
+    removed = []
+    for folder in sorted(Path(root).glob(WEIGHTS_DIR_PREFIX + "*")):
+        try:
+            pids = [int(line) for line in (folder / OWNERS_FILE).read_text().split()]
+        except (OSError, ValueError):
+            continue
+        if pids and not any(_pid_alive(pid) for pid in pids):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
 class VLLMServerError(RuntimeError):
     """The vLLM server could not start, died, or failed a request (the message has the end of its log)."""
 
@@ -206,9 +239,9 @@ class VLLMRollout:
         self.parity_guard = None
         self._proc: subprocess.Popen | None = None
         shm = Path("/dev/shm")
-        self._weights_dir = Path(
-            tempfile.mkdtemp(prefix="tepo-vllm-weights-", dir=shm if shm.is_dir() else None)
-        )
+        weights_root = shm if shm.is_dir() else Path(tempfile.gettempdir())
+        sweep_orphaned_weight_dirs(weights_root)
+        self._weights_dir = Path(tempfile.mkdtemp(prefix=WEIGHTS_DIR_PREFIX, dir=weights_root))
         # Without a log_path the log is temporary: next to the weights' name in the temp dir, removed with them.
         default_log = Path(tempfile.gettempdir()) / f"{self._weights_dir.name}.log"
         self._log_path = Path(log_path) if log_path else default_log
@@ -257,6 +290,8 @@ class VLLMRollout:
             log.close()
             os.close(to_server_r)
             os.close(from_server_w)
+        # Who owns the folder, for sweep_orphaned_weight_dirs (a later run removes it if both are killed).
+        (self._weights_dir / OWNERS_FILE).write_text(f"{os.getpid()}\n{self._proc.pid}\n")
         self._requests = os.fdopen(to_server_w, "w", encoding="utf-8")
         self._replies_fd = from_server_r
         self._buffer = b""
