@@ -82,6 +82,20 @@ OUR_VARIANTS = {
     "ours_no_ckpt": ["model.gradient_checkpointing=false"],
     "ours_sdpa_update": ["model.train_attention=model"],
     "ours_untuned": UNTUNED,
+    # LoRA (rank 16, alpha 16, every linear layer but the head, no dropout): the same adapters as the trl_lora side.
+    "ours_lora": ["model.lora.rank=16", "model.lora.alpha=16", "model.lora.target_modules=all-linear"],
+    # The same with HF generate in the training process: no second runtime (the vLLM server) in memory.
+    "ours_lora_hf": [
+        "model.lora.rank=16",
+        "model.lora.alpha=16",
+        "model.lora.target_modules=all-linear",
+        "rollout.backend=hf",
+    ],
+}
+# TRL sides: name -> the peft LoRA settings (None: full fine-tuning), the same adapters as the matching ours side.
+TRL_VARIANTS = {
+    "trl": None,
+    "trl_lora": {"r": 16, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear"},
 }
 PHASES = ("gen_seconds", "logprob_seconds", "update_seconds", "reward_seconds", "step_seconds")
 
@@ -234,6 +248,12 @@ def _trl_worker(args, workload: dict) -> dict:
         raise SystemExit(f"prompts x samples = {total} must be a multiple of {micro} for TRL's accumulation")
     start = time.perf_counter()
     model, tokenizer = load_model_and_tokenizer(None)
+    lora = TRL_VARIANTS[args.worker]
+    peft_config = None
+    if lora is not None:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(task_type="CAUSAL_LM", **lora)
     steps = workload["warmup"] + workload["steps"]
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig(
@@ -273,6 +293,7 @@ def _trl_worker(args, workload: dict) -> dict:
             train_dataset=data,
             processing_class=tokenizer,
             callbacks=[StepTimer()],
+            peft_config=peft_config,
         )
         load_seconds = time.perf_counter() - start
         rss_after_load = current_rss_mb()
@@ -287,12 +308,15 @@ def worker_main(args) -> None:
     import os
 
     set_threads(args.threads)
-    if args.threads:
+    overlapped = "rollout.async_steps=1" in OUR_VARIANTS.get(args.worker, [])
+    if args.threads and not overlapped:
         # The vLLM server computes on as many cores as the trainer does (they never compute at the same time).
+        # Overlapped, the engine samples *while* the trainer updates, so it takes a core of its own
+        # (tepo.rollout.vllm.engine_cores) and the trainer keeps to the others: this side uses one more core.
         cores = sorted(os.sched_getaffinity(0))[: args.threads]
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     workload = json.loads(args.workload)
-    fn = _trl_worker if args.worker == "trl" else _ours_worker
+    fn = _trl_worker if args.worker in TRL_VARIANTS else _ours_worker
     # The whole process tree (reward workers; the vLLM server and its engine processes), sampled: PSS, so shared
     # library pages count once.
     with TreeMemorySampler() as tree:
@@ -372,7 +396,9 @@ def main(argv=None) -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads on both sides (0: torch default)"
     )
-    parser.add_argument("--variants", default="ours,trl", help=f"comma list of {list(OUR_VARIANTS)} and trl")
+    parser.add_argument(
+        "--variants", default="ours,trl", help=f"comma list of {list(OUR_VARIANTS)} and {list(TRL_VARIANTS)}"
+    )
     parser.add_argument("--prompts", type=int, default=PROMPTS)
     parser.add_argument("--samples", type=int, default=SAMPLES)
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
@@ -388,9 +414,9 @@ def main(argv=None) -> None:
     rounds = args.rounds or (2 if args.quick else 3)
     steps = args.steps or (2 if args.quick else 3)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in variants if v != "trl" and v not in OUR_VARIANTS]
+    unknown = [v for v in variants if v not in TRL_VARIANTS and v not in OUR_VARIANTS]
     if unknown:
-        parser.error(f"unknown variants {unknown}; choose from {list(OUR_VARIANTS)} and trl")
+        parser.error(f"unknown variants {unknown}; choose from {list(OUR_VARIANTS) + list(TRL_VARIANTS)}")
     workload = {
         "prompts": args.prompts,
         "samples": args.samples,
@@ -435,6 +461,11 @@ def main(argv=None) -> None:
         f"\nload average (1 min) during the runs: min {min(loads):.2f}, max {max(loads):.2f}; end {load_average()}"
     )
     print_table(summary, "trl" if "trl" in summary else variants[-1])
+    if "trl_lora" in summary and "trl" in summary:
+        # LoRA against LoRA: the same adapters on both sides (issue 16's goal is this ratio).
+        lora_sides = {s: summary[s] for s in summary if s.endswith("_lora")}
+        print("\nLoRA sides, ratios against trl_lora:")
+        print_table(lora_sides, "trl_lora")
     if args.json:
         Path(args.json).write_text(
             json.dumps(
