@@ -90,3 +90,13 @@ def test_async_settings_that_cannot_run_are_refused_before_any_model_loads(overr
 
     with pytest.raises(ConfigError, match=message):
         load_config("default", overrides)
+
+
+def test_overlap_on_two_cpu_cores_gets_a_note_that_sync_is_faster_there():
+    from tepo.training.overlap import overlap_cores_note
+
+    for cores in (1, 2):
+        note = overlap_cores_note(cores, engine_on_gpu=False)
+        assert note is not None and f"on {cores} CPU core" in note and "async_steps=0" in note
+    assert overlap_cores_note(8, engine_on_gpu=False) is None  # cores to spare: no note
+    assert overlap_cores_note(2, engine_on_gpu=True) is None  # the engine has a device of its own

@@ -19,6 +19,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from tepo.training.collect import Collected
 from tepo.training.step import collect_step
 
+# Measured with the default run on a 2-core machine (docs/performance.md, "Overlapped rollouts"): 26.7 s per
+# overlapped step against 22.1 s synchronous, because the synchronous loop gives each phase both cores while the
+# overlap splits them and the two halves slow each other down (shared caches and memory bandwidth).
+FEW_CORES = 2
+
+
+def overlap_cores_note(cpu_cores: int, engine_on_gpu: bool) -> str | None:
+    """A note for runs that overlap on so few CPU cores that the synchronous loop is faster, else None."""
+    if engine_on_gpu or cpu_cores > FEW_CORES:
+        return None
+    return (
+        f"rollout.async_steps=1 on {cpu_cores} CPU core(s): the engine and the update share or split them; on "
+        "such a machine the synchronous loop (async_steps=0) was measured faster (docs/performance.md, "
+        "'Overlapped rollouts'). The overlap pays where the engine has a device or cores of its own."
+    )
+
 
 class RolloutPrefetch:
     """At most one batch in flight, sampled for a known step in a background thread."""

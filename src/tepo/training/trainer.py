@@ -50,7 +50,7 @@ from tepo.training.collect import Collected, OverlongShaping, SamplerSettings
 from tepo.training.datasets import load_datasets
 from tepo.training.evaluation import evaluate_held_out
 from tepo.training.logprob_pass import LogprobSettings
-from tepo.training.overlap import RolloutPrefetch
+from tepo.training.overlap import RolloutPrefetch, overlap_cores_note
 from tepo.training.schedule import lr_factor, updates_per_step
 from tepo.training.step import collect_step, train_step
 from tepo.training.update import RolloutCorrection, UpdateSettings
@@ -284,6 +284,9 @@ class Trainer:
             # The engine has a core of its own while it samples during the update: keep the trainer's threads off it
             # (two OpenMP teams on the same cores slow both down).
             cores = getattr(self.rollout, "trainer_cores", None)
+            note = overlap_cores_note(len(os.sched_getaffinity(0)), engine_on_gpu=torch.cuda.is_available())
+            if note:
+                self.log(f"note: {note}")
             if cores:
                 self._cpu_before_overlap = (os.sched_getaffinity(0), torch.get_num_threads())
                 os.sched_setaffinity(0, cores)
