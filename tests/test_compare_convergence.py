@@ -104,6 +104,24 @@ def test_table_convergence_columns(runs):
     assert re.search(r"\| 6\.0 \(1/2\) +\|", md)  # grpo: one of two seeds reached it
 
 
+def test_paired_difference_and_seconds_per_step_columns(runs):
+    cells = {r["method"]: r["cells"] for r in build_table(runs)["rows"]}
+    # Final held-out, paired by seed against grpo (0.6, 0.8): tepo 0.7 - 0.6 = +0.1 and 0.7 - 0.8 = -0.1;
+    # dapo has seed 0 only: 0.3 - 0.6 = -0.3; grpo's own row is empty.
+    assert cells["tepo"]["held_out_delta"]["values"] == pytest.approx([0.1, -0.1])
+    assert cells["tepo"]["held_out_delta"]["mean"] == pytest.approx(0.0)
+    assert cells["dapo"]["held_out_delta"]["values"] == pytest.approx([-0.3])
+    assert cells["grpo"]["held_out_delta"]["n"] == 0
+    assert not any(c["held_out_delta"]["best"] for c in cells.values())  # a difference, not a ranking
+    # Median step_seconds: 10 s per grpo/dapo step, 20 s per tepo step; lower is better.
+    assert cells["grpo"]["seconds_per_step"]["values"] == [10.0, 10.0]
+    assert cells["tepo"]["seconds_per_step"]["mean"] == 20.0
+    assert cells["grpo"]["seconds_per_step"]["best"] and not cells["tepo"]["seconds_per_step"]["best"]
+    md = render_markdown(build_table(runs))
+    assert "Δ held-out vs grpo (paired)" in md and "| s/step" in md
+    assert re.search(r"\| \+0\.000 \[-0\.100, \+0\.100\] +\|", md)  # tepo's paired difference
+
+
 def test_reference_and_share_options(runs):
     # Reference dapo (final 0.3), share 0.5 -> target 0.15: every run is there at step 0.
     table = build_table(runs, reference="dapo", convergence_share=0.5)

@@ -20,6 +20,11 @@ Columns, from each run directory:
   the cell averages the seeds that reached it and shows how many did,
 - ``held-out AUC``: the area under the held-out accuracy curve over steps, divided by the number of steps: the
   mean held-out accuracy over training (:func:`curve_auc`).
+- ``Δ held-out vs <ref>``: per seed, the method's final held-out accuracy minus the reference method's on the
+  same seed (the same prompts, sampling seeds and held-out set), then the interval over seeds: the paired
+  difference, which is what "no worse than" questions need (two overlapping intervals of the accuracies
+  themselves do not answer them); empty on the reference's own row,
+- ``s/step``: the run's median ``step_seconds`` (training steps only, evaluations excluded).
 
 The held-out accuracy curve of a run (:func:`held_out_curve`) is greedy accuracy at step 0 (``eval_before.json``,
 else ``summary.json`` ``before``), at every metrics row that carries ``eval_greedy_accuracy`` (every
@@ -211,6 +216,16 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[st
     values["steps_to_threshold"] = None if steps is None else float(steps)
     values["seconds_to_threshold"] = seconds
     values["auc_held_out"] = curve_auc(held_out_curve(run_dir))
+    step_seconds = sorted(
+        float(r["step_seconds"]) for r in rows if _number(r.get("step_seconds")) is not None
+    )
+    if step_seconds:
+        middle = len(step_seconds) // 2
+        values["seconds_per_step"] = (
+            step_seconds[middle]
+            if len(step_seconds) % 2
+            else (step_seconds[middle - 1] + step_seconds[middle]) / 2
+        )
     initial = {
         "held_out": _number(before.get("eval_greedy_accuracy")),
         "sampled": _number(before.get("eval_sampled_accuracy")),
@@ -265,6 +280,15 @@ def build_table(
                 if step is not None:
                     values["steps_to_share"], values["seconds_to_share"] = float(step), secs
 
+    reference_by_seed = per_method.get(reference, {})
+    for method, seeds in per_method.items():
+        if method == reference:
+            continue
+        for seed, values in seeds.items():
+            ref = reference_by_seed.get(seed, {})
+            if "held_out" in values and "held_out" in ref:
+                values["held_out_delta"] = values["held_out"] - ref["held_out"]
+
     benches = sorted(
         {k for seeds in per_method.values() for v in seeds.values() for k in v if k.startswith("bench:")}
     )
@@ -281,6 +305,8 @@ def build_table(
         Column("steps_to_share", f"steps@{convergence_share:.0%} {reference}", higher_is_better=False),
         Column("seconds_to_share", f"wall s@{convergence_share:.0%} {reference}", higher_is_better=False),
         Column("auc_held_out", "held-out AUC"),
+        Column("held_out_delta", f"Δ held-out vs {reference} (paired)"),
+        Column("seconds_per_step", "s/step", higher_is_better=False),
     ]
     bench_keys = [c.key for c in columns if c.benchmark]
 
@@ -299,8 +325,14 @@ def build_table(
             if len(bench_keys) >= 2 and all(k in values for k in bench_keys):
                 values["avg"] = sum(values[k] for k in bench_keys) / len(bench_keys)
         cells = {c.key: cell([v[c.key] for v in seeds.values() if c.key in v], len(seeds)) for c in columns}
+        if method == reference:  # no difference with itself: an empty cell, not a missing one
+            cells["held_out_delta"] = cell([], 0)
         rows.append({"method": method, "seeds": sorted(seeds), "cells": cells})
     for column in columns:
+        if column.key == "held_out_delta":  # a difference against the reference, not a ranking: never marked
+            for row in rows:
+                row["cells"][column.key]["best"] = False
+            continue
         means = [r["cells"][column.key]["mean"] for r in rows]
         shares = [r["cells"][column.key]["n"] / max(r["cells"][column.key]["of"], 1) for r in rows]
         # Steps/wall time: compare only methods whose share of seeds reaching the threshold is the largest.
@@ -363,6 +395,10 @@ def format_value(value: float | None, key: str) -> str:
         return f"{value:.1f}"
     if key in ("seconds_to_threshold", "seconds_to_share"):
         return f"{value:.0f}"
+    if key == "seconds_per_step":
+        return f"{value:.1f}"
+    if key == "held_out_delta":
+        return f"{round(value, 3) + 0.0:+.3f}"  # + 0.0: no "-0.000" for a difference that rounds to zero
     return f"{value:.3f}"
 
 
