@@ -191,6 +191,15 @@ def test_a_server_that_crashes_at_start_gives_its_log(embedded_model, tmp_path):
 
 
 @pytest.mark.model
+def test_a_missing_interpreter_leaves_no_weights_folder(embedded_model, tmp_path):
+    model, tokenizer = embedded_model
+    folders_before = set(_weights_folders())
+    with pytest.raises(VLLMServerError, match="does not exist"):
+        VLLMRollout(model, tokenizer, python=str(tmp_path / "nope" / "python"))
+    assert set(_weights_folders()) == folders_before
+
+
+@pytest.mark.model
 def test_a_server_that_hangs_is_stopped_after_the_timeout(embedded_model, tmp_path):
     model, tokenizer = embedded_model
     pid_file = tmp_path / "pid"

@@ -238,6 +238,8 @@ class VLLMRollout:
         # tepo.rollout.parity.ParityGuard (rollout.parity_check): checked after every synchronous weight sync.
         self.parity_guard = None
         self._proc: subprocess.Popen | None = None
+        # Before anything is written: a missing interpreter must not leave a model's worth of weights in RAM.
+        python = find_vllm_python(python)
         shm = Path("/dev/shm")
         weights_root = shm if shm.is_dir() else Path(tempfile.gettempdir())
         sweep_orphaned_weight_dirs(weights_root)
@@ -256,7 +258,6 @@ class VLLMRollout:
             max_model_len = min(int(getattr(model.config, "max_position_embeddings", 4096) or 4096), 4096)
         self.max_model_len = int(max_model_len)
 
-        python = find_vllm_python(python)
         to_server_r, to_server_w = os.pipe()
         from_server_r, from_server_w = os.pipe()
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
