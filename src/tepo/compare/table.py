@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -216,16 +217,9 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[st
     values["steps_to_threshold"] = None if steps is None else float(steps)
     values["seconds_to_threshold"] = seconds
     values["auc_held_out"] = curve_auc(held_out_curve(run_dir))
-    step_seconds = sorted(
-        float(r["step_seconds"]) for r in rows if _number(r.get("step_seconds")) is not None
-    )
+    step_seconds = [float(r["step_seconds"]) for r in rows if _number(r.get("step_seconds")) is not None]
     if step_seconds:
-        middle = len(step_seconds) // 2
-        values["seconds_per_step"] = (
-            step_seconds[middle]
-            if len(step_seconds) % 2
-            else (step_seconds[middle - 1] + step_seconds[middle]) / 2
-        )
+        values["seconds_per_step"] = statistics.median(step_seconds)
     initial = {
         "held_out": _number(before.get("eval_greedy_accuracy")),
         "sampled": _number(before.get("eval_sampled_accuracy")),

@@ -7,20 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tepo.report.compare_cli import threshold_args
+from tepo.report.compare_cli import table_options, threshold_args
 
 
 def _cmd_report(args) -> int:
     from tepo.report.html import build_report
 
     try:
-        result = build_report(
-            Path(args.path),
-            threshold=args.threshold,
-            window=args.window,
-            convergence_share=args.convergence_share,
-            reference=args.reference,
-        )
+        result = build_report(Path(args.path), **table_options(args))
     except ValueError as err:
         from tepo.config import ConfigError
 

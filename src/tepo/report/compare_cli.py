@@ -59,13 +59,7 @@ def _cmd_compare(args) -> int:
         print("runs: " + ", ".join(f"{n} {action}" for action, n in sorted(done.items())))
         runs = {m: {s: directory / m / f"seed{s}" for s in seeds} for m in methods}
     try:
-        table = build_table(
-            runs,
-            threshold=args.threshold,
-            window=args.window,
-            convergence_share=args.convergence_share,
-            reference=args.reference,
-        )
+        table = build_table(runs, **table_options(args))
     except ValueError as err:
         raise ConfigError(str(err)) from None
     md, js = write_table(table, directory)
@@ -75,15 +69,20 @@ def _cmd_compare(args) -> int:
     if not args.no_report:
         from tepo.report.html import build_report
 
-        result = build_report(
-            directory,
-            threshold=args.threshold,
-            window=args.window,
-            convergence_share=args.convergence_share,
-            reference=args.reference,
-        )
+        result = build_report(directory, **table_options(args))
         print(f"report: {result.html_path}")
     return 0
+
+
+def table_options(args) -> dict:
+    """The parsed table flags (:func:`threshold_args` and the convergence ones) as keyword arguments of
+    ``build_table`` and ``build_report``."""
+    return {
+        "threshold": args.threshold,
+        "window": args.window,
+        "convergence_share": args.convergence_share,
+        "reference": args.reference,
+    }
 
 
 def threshold_args(p: argparse.ArgumentParser) -> None:
