@@ -33,3 +33,22 @@ def vllm_python_or_skip() -> str:
         return find_vllm_python()
     except VLLMServerError as err:
         pytest.skip(f"vLLM is not installed: {err}")
+
+
+def small_vllm_run_overrides(tmp_path, python: str) -> list[str]:
+    """Config overrides of a few-second training run on the real vLLM engine (2 prompts x 3 samples, 8 tokens,
+    one micro-batch, no checkpoints); tests append what they check (later overrides win)."""
+    return [
+        f"train.output_dir={tmp_path}",
+        "rollout.backend=vllm",
+        f"rollout.vllm_python={python}",
+        "train.prompts_per_step=2",
+        "rollout.group_size=3",
+        "rollout.max_new_tokens=8",
+        "train.micro_batch_size=6",
+        "train.save_every=0",
+        "train.save_final=false",
+        "reward.num_workers=1",
+        "log.progress=false",
+        "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the rewards
+    ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import vllm_python_or_skip
+from helpers import small_vllm_run_overrides, vllm_python_or_skip
 from tepo.rollout.parity import ParityError, ParityGuard, parity_gap
 
 pytestmark = pytest.mark.model
@@ -65,22 +65,11 @@ def test_a_lora_training_run_with_vllm_passes_the_guard_at_every_sync(tmp_path, 
     config = load_config(
         "default",
         [
-            f"train.output_dir={tmp_path}",
-            "rollout.backend=vllm",
-            f"rollout.vllm_python={python}",
+            *small_vllm_run_overrides(tmp_path, python),
             "model.lora.rank=8",
             "optim.lr=1e-3",
             "train.steps=3",
-            "train.prompts_per_step=2",
-            "rollout.group_size=3",
-            "rollout.max_new_tokens=8",
             "eval.size=0",
-            "train.micro_batch_size=6",
-            "train.save_every=0",
-            "train.save_final=false",
-            "reward.num_workers=1",
-            "log.progress=false",
-            "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the rewards
         ],
     )
     trainer = Trainer(config, tmp_path / "run", log=lambda *_: None)

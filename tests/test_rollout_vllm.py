@@ -16,7 +16,7 @@ import time
 import pytest
 import torch
 
-from helpers import vllm_python_or_skip
+from helpers import small_vllm_run_overrides, vllm_python_or_skip
 from tepo.config import RolloutConfig
 from tepo.rollout import choose_rollout_backend
 from tepo.rollout.base import batch_from_responses
@@ -357,23 +357,7 @@ def test_a_training_run_with_vllm_syncs_after_every_update_and_stops_its_server(
     python = vllm_python_or_skip()
     config = load_config(
         "default",
-        [
-            f"train.output_dir={tmp_path}",
-            "rollout.backend=vllm",
-            f"rollout.vllm_python={python}",
-            "train.steps=2",
-            "train.prompts_per_step=2",
-            "rollout.group_size=3",
-            "rollout.max_new_tokens=8",
-            "eval.size=2",
-            "eval.samples=0",
-            "train.micro_batch_size=6",
-            "train.save_every=0",
-            "train.save_final=false",
-            "reward.num_workers=1",
-            "log.progress=false",
-            "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the rewards
-        ],
+        [*small_vllm_run_overrides(tmp_path, python), "train.steps=2", "eval.size=2", "eval.samples=0"],
     )
     trainer = Trainer(config, tmp_path / "run", log=lambda *_: None)
     server = trainer.rollout._proc
