@@ -72,6 +72,7 @@ class Column:
     label: str
     higher_is_better: bool = True
     benchmark: bool = False  # part of the average
+    ranked: bool = True  # its best mean is marked (False for differences against the reference)
 
 
 def _number(value) -> float | None:
@@ -299,7 +300,7 @@ def build_table(
         Column("steps_to_share", f"steps@{convergence_share:.0%} {reference}", higher_is_better=False),
         Column("seconds_to_share", f"wall s@{convergence_share:.0%} {reference}", higher_is_better=False),
         Column("auc_held_out", "held-out AUC"),
-        Column("held_out_delta", f"Δ held-out vs {reference} (paired)"),
+        Column("held_out_delta", f"Δ held-out vs {reference} (paired)", ranked=False),
         Column("seconds_per_step", "s/step", higher_is_better=False),
     ]
     bench_keys = [c.key for c in columns if c.benchmark]
@@ -323,7 +324,7 @@ def build_table(
             cells["held_out_delta"] = cell([], 0)
         rows.append({"method": method, "seeds": sorted(seeds), "cells": cells})
     for column in columns:
-        if column.key == "held_out_delta":  # a difference against the reference, not a ranking: never marked
+        if not column.ranked:
             for row in rows:
                 row["cells"][column.key]["best"] = False
             continue
