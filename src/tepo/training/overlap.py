@@ -20,8 +20,8 @@ from tepo.training.collect import Collected
 from tepo.training.step import collect_step
 
 # Measured with the default run on a 2-core machine (docs/performance.md, "Overlapped rollouts"): 27.0 s per
-# overlapped step against 20.6 s synchronous (3-seed means), because the synchronous loop gives each phase both cores while the
-# overlap splits them and the two halves slow each other down (shared caches and memory bandwidth).
+# overlapped step against 20.6 s synchronous (3-seed means), because the synchronous loop gives each phase both
+# cores while the overlap splits them and the two halves slow each other down (shared caches, memory bandwidth).
 FEW_CORES = 2
 
 
