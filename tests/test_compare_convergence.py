@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tepo.compare.table import build_table, convergence, curve_auc, held_out_curve, render_markdown
+from tepo.compare.table import (
+    build_table,
+    convergence,
+    curve_auc,
+    entropy_kept,
+    held_out_curve,
+    max_drop,
+    render_markdown,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "compare" / "tiny"
 
@@ -120,6 +128,45 @@ def test_paired_difference_and_seconds_per_step_columns(runs):
     md = render_markdown(build_table(runs))
     assert "Δ held-out vs grpo (paired)" in md and "| s/step" in md
     assert re.search(r"\| \+0\.000 \[-0\.100, \+0\.100\] +\|", md)  # tepo's paired difference
+
+
+def test_max_drop_and_entropy_kept_closed_form():
+    assert max_drop([(0, 0.2), (2, 0.6), (4, 0.4), (6, 0.5)]) == pytest.approx(0.2)  # 0.6 -> 0.4
+    # 0.9 -> 0.6 is the larger of the two falls (0.5 -> 0.3 is 0.2)
+    assert max_drop([(0, 0.5), (2, 0.3), (4, 0.9), (6, 0.6)]) == pytest.approx(0.3)
+    assert max_drop([(0, 0.2), (2, 0.2), (4, 0.7)]) == 0.0  # never goes down
+    assert max_drop([]) is None
+    # 7 rows -> last third = 7 // 3 = 2 rows: (0.6 + 0.4) / 2 / 2.0 = 0.25; a row without entropy is skipped.
+    rows = [{"step": s, "entropy_mean": e} for s, e in enumerate([2.0, 1.8, 1.5, 1.2, 0.9, 0.6, 0.4], 1)]
+    assert entropy_kept(rows) == pytest.approx(0.25)
+    assert entropy_kept([*rows, {"step": 8, "entropy_mean": float("nan")}]) == pytest.approx(0.25)
+    assert entropy_kept(rows[:2]) == pytest.approx(1.8 / 2.0)  # 2 rows: last third is 1 row
+    assert entropy_kept([{"step": 1}]) is None and entropy_kept([{"step": 1, "entropy_mean": 0.0}]) is None
+
+
+def test_stability_columns_in_the_table(runs):
+    # grpo seed 0 curve 0.2, 0.4, 0.5, 0.6 (never falls); tepo seed 1 0.2, 0.5, 0.65, 0.7. Give grpo seed 1 a fall
+    # 0.2, 0.3, 0.6, 0.8 -> rewrite its step-4 eval to 0.25: drop 0.3 - 0.25 = 0.05. Entropy: tepo seed 0 made
+    # to fall 2.0 -> 0.5 over its 6 steps (last third: 2 rows, 0.6 and 0.4 -> 0.5 / 2.0 = 0.25).
+    from tepo.metrics import read_metrics
+
+    def rewrite(run_dir, edit):
+        rows = read_metrics(run_dir / "metrics.jsonl")
+        for row in rows:
+            edit(row)
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    rewrite(runs["grpo"][1], lambda r: r.update(eval_greedy_accuracy=0.25) if r["step"] == 4 else None)
+    entropies = dict(zip(range(1, 7), [2.0, 1.6, 1.2, 0.9, 0.6, 0.4]))
+    rewrite(runs["tepo"][0], lambda r: r.update(entropy_mean=entropies[r["step"]]))
+    cells = {r["method"]: r["cells"] for r in build_table(runs)["rows"]}
+    assert cells["grpo"]["held_out_drop"]["values"] == pytest.approx([0.0, 0.05])
+    assert cells["tepo"]["held_out_drop"]["values"] == pytest.approx([0.0, 0.0])
+    assert cells["tepo"]["entropy_kept"]["values"] == pytest.approx([0.25])  # seed 1 logs no entropy
+    assert (cells["tepo"]["entropy_kept"]["n"], cells["tepo"]["entropy_kept"]["of"]) == (1, 2)
+    assert not any(c[k]["best"] for c in cells.values() for k in ("held_out_drop", "entropy_kept"))
+    md = render_markdown(build_table(runs))
+    assert "| held-out max drop" in md and "| entropy kept" in md and "0.250 (1/2)" in md
 
 
 def test_reference_and_share_options(runs):

@@ -20,6 +20,13 @@ Columns, from each run directory:
   the cell averages the seeds that reached it and shows how many did,
 - ``held-out AUC``: the area under the held-out accuracy curve over steps, divided by the number of steps: the
   mean held-out accuracy over training (:func:`curve_auc`).
+- ``held-out max drop``: the largest fall of the held-out accuracy curve below its best earlier point
+  (:func:`max_drop`): 0 for a curve that never goes down; "model degradation" in TEPO's words,
+- ``entropy kept``: the mean token entropy of the last third of the steps divided by that of step 1
+  (:func:`entropy_kept`): near 1 when entropy holds, near 0 when it collapses. Step 1 scores the initial
+  policy's samples, so at one seed its entropy is the same for every method with one update per rollout.
+  These two describe the papers' "steadier training" and "entropy collapse"; neither is marked best, since
+  less entropy or a flat curve is not better by itself,
 - ``Δ held-out vs <ref>``: per seed, the method's final held-out accuracy minus the reference method's on the
   same seed (the same prompts, sampling seeds and held-out set), then the interval over seeds: the paired
   difference, which is what "no worse than" questions need (two overlapping intervals of the accuracies
@@ -72,7 +79,7 @@ class Column:
     label: str
     higher_is_better: bool = True
     benchmark: bool = False  # part of the average
-    ranked: bool = True  # its best mean is marked (False for differences against the reference)
+    ranked: bool = True  # its best mean is marked (False for differences and for descriptive columns)
 
 
 def _number(value) -> float | None:
@@ -201,6 +208,33 @@ def curve_auc(curve: list[tuple[int, float]]) -> float | None:
     return area / (curve[-1][0] - curve[0][0])
 
 
+def max_drop(curve: list[tuple[int, float]]) -> float | None:
+    """Largest fall of ``curve`` below its best earlier point: ``max_i (max_{j<=i} a_j - a_i)``; ``None`` if empty.
+
+    0 for a curve that never decreases; a curve 0.2, 0.6, 0.4, 0.5 has drop 0.6 - 0.4 = 0.2.
+    """
+    if not curve:
+        return None
+    best, drop = -math.inf, 0.0
+    for _, accuracy in curve:
+        best = max(best, accuracy)
+        drop = max(drop, best - accuracy)
+    return drop
+
+
+def entropy_kept(rows: list[dict]) -> float | None:
+    """Mean ``entropy_mean`` of the last third of the logged steps divided by the first logged step's.
+
+    The last third is ``max(1, n // 3)`` rows, as ``summary.json`` ``reward_last_third`` counts them. ``None``
+    without entropy rows or with a first entropy of 0 (nothing to keep).
+    """
+    entropies = [float(r["entropy_mean"]) for r in rows if _number(r.get("entropy_mean")) is not None]
+    if not entropies or entropies[0] <= 0:
+        return None
+    last = entropies[-max(1, len(entropies) // 3) :]
+    return sum(last) / len(last) / entropies[0]
+
+
 def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[str, float], dict[str, float]]:
     """(after-training values, before-training values) of one run, by column key; missing values left out."""
     run_dir = Path(run_dir)
@@ -217,7 +251,10 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[st
     steps, seconds = steps_to_threshold(rows, threshold, window)
     values["steps_to_threshold"] = None if steps is None else float(steps)
     values["seconds_to_threshold"] = seconds
-    values["auc_held_out"] = curve_auc(held_out_curve(run_dir))
+    curve = held_out_curve(run_dir)
+    values["auc_held_out"] = curve_auc(curve)
+    values["held_out_drop"] = max_drop(curve)
+    values["entropy_kept"] = entropy_kept(rows)
     step_seconds = [float(r["step_seconds"]) for r in rows if _number(r.get("step_seconds")) is not None]
     if step_seconds:
         values["seconds_per_step"] = statistics.median(step_seconds)
@@ -300,6 +337,8 @@ def build_table(
         Column("steps_to_share", f"steps@{convergence_share:.0%} {reference}", higher_is_better=False),
         Column("seconds_to_share", f"wall s@{convergence_share:.0%} {reference}", higher_is_better=False),
         Column("auc_held_out", "held-out AUC"),
+        Column("held_out_drop", "held-out max drop", higher_is_better=False, ranked=False),
+        Column("entropy_kept", "entropy kept", ranked=False),
         Column("held_out_delta", f"Δ held-out vs {reference} (paired)", ranked=False),
         Column("seconds_per_step", "s/step", higher_is_better=False),
     ]
@@ -436,7 +475,8 @@ def table_footer(table: dict) -> str:
     lines = [
         f"mean over seeds [{b['confidence']:.0%} percentile bootstrap interval over seeds, {b['resamples']} resamples, "
         f"seed {b['seed']}]; best of each column marked; steps@{t['value']:g}: first step whose trailing "
-        f"{t['window']}-step mean batch reward >= {t['value']:g} (seeds that reached it / all)",
+        f"{t['window']}-step mean batch reward >= {t['value']:g} (seeds that reached it / all); entropy kept: mean "
+        "token entropy of the last third of the steps / step 1's (descriptive, not ranked)",
     ]
     c = table.get("convergence") or {}
     if c.get("target") is not None:
@@ -444,7 +484,8 @@ def table_footer(table: dict) -> str:
             f"steps@{c['share']:.0%} {c['reference']}: first step whose held-out greedy accuracy (step 0, every "
             f"eval, final) >= {c['share']:g} x {c['reference']}'s seed-mean final {c['reference_final_mean']:.3f} "
             f"= {c['target']:.3f}; wall s: summed step_seconds to it; held-out AUC: trapezoid area under that "
-            "curve / steps (mean accuracy over training)"
+            "curve / steps (mean accuracy over training); held-out max drop: largest fall of that curve below an "
+            "earlier best"
         )
     elif c.get("reference"):
         lines.append(f"steps@{c['share']:.0%}: no finished {c['reference']} run, so no convergence target")
