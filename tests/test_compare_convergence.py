@@ -169,6 +169,19 @@ def test_stability_columns_in_the_table(runs):
     assert "| held-out max drop" in md and "| entropy kept" in md and "0.250 (1/2)" in md
 
 
+def test_per_seed_tables(runs):
+    # Finals: grpo 0.6 / 0.8, tepo 0.7 / 0.7, dapo seed 0 only 0.3; the initial policy 0.2 on both seeds.
+    table = build_table(runs)
+    assert table["rows"][0]["per_seed"]["1"]["held_out"] == pytest.approx(0.8)
+    md = render_markdown(table)
+    per_seed = md.split("Per seed: held-out", 1)[1]
+    lines = [line.replace(" ", "") for line in per_seed.strip().splitlines()[:4]]
+    assert lines[0] == "|seed|initialpolicy|grpo|tepo|dapo|"
+    assert lines[2] == "|0|0.200|0.600|0.700|0.300|"
+    assert lines[3] == "|1|0.200|0.800|0.700|-|"  # dapo did not run seed 1
+    assert "Per seed: sampled" not in md  # no run logged a sampled accuracy
+
+
 def test_reference_and_share_options(runs):
     # Reference dapo (final 0.3), share 0.5 -> target 0.15: every run is there at step 0.
     table = build_table(runs, reference="dapo", convergence_share=0.5)

@@ -41,6 +41,9 @@ seed's own reference run), so every method and seed is measured against the same
 reference seed does not move the bar of one seed only; the intervals then describe the method's own
 run-to-run variation. The reference is ``grpo`` when it is among the methods, else the first method.
 
+The Markdown table is followed by per-seed tables of the final held-out and sampled accuracies
+(:func:`per_seed_rows`; ``rows[i].per_seed`` in the JSON).
+
 Every value is the mean over seeds with the percentile bootstrap interval of ``tepo.compare.stats``. Higher is
 better for accuracies and reward, lower for steps and wall time; ``best`` marks the best mean of each column
 (ties all marked). An ``initial policy`` row gives the held-out accuracies before training.
@@ -239,7 +242,10 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[st
     """(after-training values, before-training values) of one run, by column key; missing values left out."""
     run_dir = Path(run_dir)
     summary = _read_json(run_dir / "summary.json") or {}
-    before, after = summary.get("before") or {}, summary.get("after") or {}
+    # The initial policy's scores as the held-out curve reads them: eval_before.json, the file the trainer
+    # scored (or, shared by tepo compare, read back), else the summary's copy.
+    before = _read_json(run_dir / EVAL_BEFORE_FILE) or summary.get("before") or {}
+    after = summary.get("after") or {}
     rows = read_metrics(run_dir / "metrics.jsonl")
     values: dict[str, float | None] = {
         "held_out": _number(after.get("eval_greedy_accuracy")),
@@ -361,7 +367,8 @@ def build_table(
         cells = {c.key: cell([v[c.key] for v in seeds.values() if c.key in v], len(seeds)) for c in columns}
         if method == reference:  # no difference with itself: an empty cell, not a missing one
             cells["held_out_delta"] = cell([], 0)
-        rows.append({"method": method, "seeds": sorted(seeds), "cells": cells})
+        per_seed = {str(seed): dict(values) for seed, values in sorted(seeds.items())}
+        rows.append({"method": method, "seeds": sorted(seeds), "cells": cells, "per_seed": per_seed})
     for column in columns:
         if not column.ranked:
             for row in rows:
@@ -393,7 +400,12 @@ def build_table(
             for c in columns
         ],
         "rows": rows,
-        "initial": {"method": INITIAL_ROW, "seeds": sorted(initial), "cells": initial_cells}
+        "initial": {
+            "method": INITIAL_ROW,
+            "seeds": sorted(initial),
+            "cells": initial_cells,
+            "per_seed": {str(seed): dict(values) for seed, values in sorted(initial.items())},
+        }
         if initial_cells
         else None,
         "missing_runs": missing,
@@ -494,11 +506,37 @@ def table_footer(table: dict) -> str:
     return "\n".join(lines)
 
 
+PER_SEED_KEYS = ("held_out", "sampled")
+
+
+def per_seed_rows(table: dict, key: str) -> tuple[list[str], list[list[str]]]:
+    """Seeds as rows, methods as columns: one column's per-seed values (the initial policy first), so a reader
+    sees which seeds moved a mean; a method's value on a seed it did not finish is ``-``."""
+    methods = [r["method"] for r in table["rows"]]
+    seeds = sorted({int(s) for r in table["rows"] for s in r.get("per_seed", {})})
+    initial = table.get("initial") or {}
+    initial_by_seed = initial.get("per_seed", {})
+    headers = ["seed", INITIAL_ROW, *methods]
+    body = []
+    for seed in seeds:
+        line = [str(seed), format_value(initial_by_seed.get(str(seed), {}).get(key), key)]
+        for row in table["rows"]:
+            line.append(format_value(row.get("per_seed", {}).get(str(seed), {}).get(key), key))
+        body.append(line)
+    return headers, body
+
+
 def render_markdown(table: dict) -> str:
     from tepo.metrics.tables import format_table
 
     headers, body = table_rows(table, markdown=True)
-    return format_table(headers, body) + "\n\n" + table_footer(table) + "\n"
+    text = format_table(headers, body) + "\n\n" + table_footer(table) + "\n"
+    labels = {c["key"]: c["label"] for c in table["columns"]}
+    for key in PER_SEED_KEYS:
+        seed_headers, seed_body = per_seed_rows(table, key)
+        if seed_body and any(cell != "-" for line in seed_body for cell in line[2:]):
+            text += f"\nPer seed: {labels.get(key, key)}\n\n" + format_table(seed_headers, seed_body) + "\n"
+    return text
 
 
 def render_terminal(table: dict) -> str:
