@@ -258,5 +258,17 @@ def test_cli_options_and_their_errors(tmp_path, capsys):
     assert "--reference 'ppo': not one of the methods" in capsys.readouterr().err
     assert main(["compare", "--table-only", "--dir", str(tmp_path / "none"), "--no-report"]) == 2
     assert "no runs found" in capsys.readouterr().err
+    # --columns narrows what is printed (Markdown with --markdown), never table.md.
+    assert main([*args, "--columns", "held_out_delta,held_out", "--markdown"]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| method"))
+    assert [h.strip() for h in header.strip("|").split("|")] == [
+        "method",
+        "seeds",
+        "Δ held-out vs grpo (paired)",
+        "held-out",
+    ]
+    assert "| held-out AUC" in (d / "table.md").read_text()
+    assert main([*args, "--columns", "held_out,auc"]) == 2
+    assert "--columns: unknown column 'auc'; this table has held_out, sampled" in capsys.readouterr().err
     assert main(["compare", "--dir", str(d)]) == 2
     assert "--losses is required (unless --table-only)" in capsys.readouterr().err

@@ -532,11 +532,24 @@ def render_markdown(table: dict) -> str:
     headers, body = table_rows(table, markdown=True)
     text = format_table(headers, body) + "\n\n" + table_footer(table) + "\n"
     labels = {c["key"]: c["label"] for c in table["columns"]}
-    for key in PER_SEED_KEYS:
+    for key in (k for k in PER_SEED_KEYS if k in labels):
         seed_headers, seed_body = per_seed_rows(table, key)
         if seed_body and any(cell != "-" for line in seed_body for cell in line[2:]):
             text += f"\nPer seed: {labels.get(key, key)}\n\n" + format_table(seed_headers, seed_body) + "\n"
     return text
+
+
+def select_columns(table: dict, keys: list[str]) -> dict:
+    """A copy of ``table`` with only the columns named in ``keys`` (column keys such as ``held_out`` or
+    ``steps_to_share``), in that order: a narrower table for a terminal or a page. Raises ``ValueError``
+    naming the available keys for an unknown one."""
+    by_key = {c["key"]: c for c in table["columns"]}
+    unknown = [k for k in keys if k not in by_key]
+    if unknown:
+        raise ValueError(
+            f"--columns: unknown column {', '.join(map(repr, unknown))}; this table has {', '.join(by_key)}"
+        )
+    return {**table, "columns": [by_key[k] for k in keys]}
 
 
 def render_terminal(table: dict) -> str:

@@ -25,7 +25,13 @@ def _cmd_compare(args) -> int:
         plan_comparison,
         run_comparison,
     )
-    from tepo.compare.table import build_table, render_terminal, write_table
+    from tepo.compare.table import (
+        build_table,
+        render_markdown,
+        render_terminal,
+        select_columns,
+        write_table,
+    )
     from tepo.config import ConfigError
 
     if args.table_only:
@@ -62,9 +68,15 @@ def _cmd_compare(args) -> int:
         table = build_table(runs, **table_options(args))
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    md, js = write_table(table, directory)
+    md, js = write_table(table, directory)  # always every column
+    shown = table
+    if args.columns:
+        try:
+            shown = select_columns(table, [k.strip() for k in args.columns.split(",") if k.strip()])
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     print()
-    print(render_terminal(table))
+    print(render_markdown(shown) if args.markdown else render_terminal(shown))
     print(f"\ntable: {md} (JSON: {js})")
     if not args.no_report:
         from tepo.report.html import build_report
@@ -131,6 +143,14 @@ def register(subparsers) -> None:
         help="do not plan or train: tabulate the runs under --dir from their small files alone",
     )
     p.add_argument("--no-report", action="store_true", help="skip the HTML report")
+    p.add_argument(
+        "--columns",
+        help="print only these columns, by key, in this order (e.g. held_out,held_out_delta,steps_to_share); "
+        "table.md and table.json keep every column",
+    )
+    p.add_argument(
+        "--markdown", action="store_true", help="print the table as Markdown (with the per-seed tables)"
+    )
     threshold_args(p)
     p.add_argument(
         "overrides", nargs="*", metavar="key=value", help="applied to every run, e.g. train.steps=10"
