@@ -236,8 +236,12 @@ def test_fixture_table_and_report_from_small_files(tmp_path, capsys):
     assert page.count("data:image/png;base64,") >= 3
     assert "steps@90% grpo" in page and "held-out AUC" in page
     assert "0 at every step of every run, not drawn: clip fraction (high)" in page
-    assert "Convergence target: 0.9 x grpo's seed-mean final accuracy = 0.540" in page
+    assert "Convergence target (greedy): 0.9 x grpo's seed-mean final accuracy = 0.540" in page
     assert (d / "report" / "figures" / "curve_held_out.png").exists()
+    # The sampled held-out curve is drawn too: 0.15 before, 0.3 at the step-2 eval, 0.4 final (grpo seed 0).
+    assert held_out_curve(d / "grpo" / "seed0", "eval_sampled_accuracy") == [(0, 0.15), (2, 0.3), (4, 0.4)]
+    assert (d / "report" / "figures" / "curve_held_out_sampled.png").exists()
+    assert 'alt="held-out accuracy (one sample)"' in page
     capsys.readouterr()
 
 

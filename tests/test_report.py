@@ -225,9 +225,9 @@ def test_comparison_report_is_self_contained(comparison, comparison_report):
     assert "Content-Security-Policy" in page
     assert not re.search(r"(src|href)=\"(?!data:)", page)  # every image inline, no links out
     assert "http://" not in page and "https://" not in page
-    # One curve per metric that is not 0 throughout (clip_frac_low is: folded into a note), one of the held-out
-    # accuracy (step 0 and final); token views are text.
-    assert page.count("data:image/png;base64,") == 9
+    # One curve per metric that is not 0 throughout (clip_frac_low is: folded into a note), two of the held-out
+    # accuracy (greedy and sampled, step 0 and final); token views are text.
+    assert page.count("data:image/png;base64,") == 10
     assert "Held-out accuracy during training" in page
     assert "0 at every step of every run, not drawn: clip fraction (low)" in page
     assert "curve_clip_frac_low.png" not in {p.name for p in result.figures}

@@ -151,8 +151,11 @@ def steps_to_threshold(
     return None, None
 
 
-def held_out_curve(run_dir: Path) -> list[tuple[int, float]]:
-    """``[(step, greedy held-out accuracy)]``: step 0 (initial policy), every eval row, the final accuracy.
+def held_out_curve(run_dir: Path, key: str = "eval_greedy_accuracy") -> list[tuple[int, float]]:
+    """``[(step, held-out accuracy)]``: step 0 (initial policy), every eval row, the final accuracy.
+
+    ``key`` picks the accuracy: ``eval_greedy_accuracy`` (the convergence columns' curve) or
+    ``eval_sampled_accuracy`` (one sample per problem at ``eval.temperature``).
 
     Step 0 is ``eval_before.json`` (else ``summary.json`` ``before``); the final point is ``summary.json``
     ``after`` at the last logged step (``summary.json`` ``steps`` when there is no metrics row). Points without
@@ -163,18 +166,18 @@ def held_out_curve(run_dir: Path) -> list[tuple[int, float]]:
     before = _read_json(run_dir / EVAL_BEFORE_FILE) or summary.get("before") or {}
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
     points: dict[int, float] = {}
-    if (acc := _number(before.get("eval_greedy_accuracy"))) is not None:
+    if (acc := _number(before.get(key))) is not None:
         points[0] = acc
     last_step = 0
     for row in rows:
         step = row.get("step")
         if isinstance(step, int) and not isinstance(step, bool):
             last_step = max(last_step, step)
-            if (acc := _number(row.get("eval_greedy_accuracy"))) is not None:
+            if (acc := _number(row.get(key))) is not None:
                 points[step] = acc
     if not rows and isinstance(summary.get("steps"), int):
         last_step = summary["steps"]
-    final = _number((summary.get("after") or {}).get("eval_greedy_accuracy"))
+    final = _number((summary.get("after") or {}).get(key))
     if final is not None and last_step > 0:
         points[last_step] = final
     return sorted(points.items())

@@ -183,32 +183,37 @@ def _curves_section(
 def _held_out_section(
     runs: dict[str, dict[int, Path]], table: dict, fig_dir: Path, figures: list[Path]
 ) -> list[str]:
-    """Held-out greedy accuracy by step (step 0, every eval, final): the curve the convergence columns read."""
+    """Held-out accuracy by step (step 0, every eval, final), greedy (the curve the convergence columns read)
+    and, where the runs scored it, one sample per problem."""
     from tepo.compare.table import held_out_curve
 
-    curves = {
-        m: [
-            [{"step": s, "eval_greedy_accuracy": a} for s, a in held_out_curve(d)]
-            for _, d in sorted(seeds.items())
-        ]
-        for m, seeds in runs.items()
-    }
-    if not any(len(c) > 1 for runs_ in curves.values() for c in runs_):
+    tags = []
+    for key, label, name in (
+        ("eval_greedy_accuracy", "held-out accuracy (greedy)", "curve_held_out.png"),
+        ("eval_sampled_accuracy", "held-out accuracy (one sample)", "curve_held_out_sampled.png"),
+    ):
+        curves = {
+            m: [[{"step": s, key: a} for s, a in held_out_curve(d, key)] for _, d in sorted(seeds.items())]
+            for m, seeds in runs.items()
+        }
+        if not any(len(c) > 1 for runs_ in curves.values() for c in runs_):
+            continue
+        png = plot_metric_by_method(curves, key, label, fig_dir / name)
+        figures.append(png)
+        tags.append(_png_tag(png, label))
+    if not tags:
         return []
-    label = "held-out accuracy (greedy)"
-    png = plot_metric_by_method(curves, "eval_greedy_accuracy", label, fig_dir / "curve_held_out.png")
-    figures.append(png)
     conv = table.get("convergence") or {}
     target = (
-        f" Convergence target: {conv['share']:g} x {html.escape(str(conv['reference']))}'s seed-mean final "
-        f"accuracy = {conv['target']:.3f}."
+        f" Convergence target (greedy): {conv['share']:g} x {html.escape(str(conv['reference']))}'s seed-mean "
+        f"final accuracy = {conv['target']:.3f}."
         if conv.get("target") is not None
         else ""
     )
     return [
         "<h2>Held-out accuracy during training</h2>",
         f'<p class="note">Step 0, every eval.every steps, and the final evaluation.{target}</p>',
-        f'<div class="figs">{_png_tag(png, label)}</div>',
+        f'<div class="figs">{"".join(tags)}</div>',
     ]
 
 
