@@ -245,6 +245,34 @@ def test_fixture_table_and_report_from_small_files(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_report_draws_finished_runs_only(tmp_path, capsys):
+    """A half-trained run (config.yaml and 2 metrics rows, no summary.json) stays out of the figures, as it
+    stays out of the table, and the page names it; with nothing finished, every started run is drawn."""
+    from tepo.cli import main
+    from tepo.report.html import finished_runs
+
+    d = tmp_path / "tiny"
+    shutil.copytree(FIXTURE, d)
+    partial = d / "tepo" / "seed2"
+    partial.mkdir()
+    shutil.copy(d / "tepo" / "seed0" / "config.yaml", partial / "config.yaml")
+    rows = (d / "tepo" / "seed0" / "metrics.jsonl").read_text().splitlines()[:2]
+    (partial / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    runs = {m: {s: d / m / f"seed{s}" for s in (0, 1, 2)} for m in ("grpo", "tepo")}
+    drawn, left_out = finished_runs(runs)
+    assert {m: sorted(seeds) for m, seeds in drawn.items()} == {"grpo": [0, 1], "tepo": [0, 1]}
+    assert left_out == ["grpo/seed2", "tepo/seed2"]
+    assert main(["report", str(d)]) == 0
+    page = (d / "report" / "index.html").read_text()
+    assert "Not finished, left out of the table and the figures: tepo/seed2." in page
+    for summary in d.glob("*/seed*/summary.json"):
+        summary.unlink()
+    drawn, left_out = finished_runs(runs)
+    assert {m: sorted(seeds) for m, seeds in drawn.items()} == {"grpo": [0, 1], "tepo": [0, 1, 2]}
+    assert left_out == []
+    capsys.readouterr()
+
+
 def test_cli_options_and_their_errors(tmp_path, capsys):
     from tepo.cli import main
     from tepo.compare.table import DEFAULT_CONVERGENCE_SHARE

@@ -259,6 +259,33 @@ def _write(out_dir: Path, title: str, body: list[str], figures: list[Path], kind
     return ReportResult(path, figures, kind)
 
 
+def finished_runs(runs: dict[str, dict[int, Path]]) -> tuple[dict[str, dict[int, Path]], list[str]]:
+    """The runs the figures draw, and the ``method/seed<k>`` names of those left out.
+
+    Finished runs (``summary.json``) only, as in the table, so a seed-mean curve and its "(3 seeds)" label
+    never mix a half-trained run into finished ones. While nothing is finished yet (a comparison in progress),
+    every run with a metrics log is drawn instead, and none is listed as left out.
+    """
+    finished = {
+        m: {s: d for s, d in seeds.items() if (Path(d) / "summary.json").exists()}
+        for m, seeds in runs.items()
+    }
+    finished = {m: seeds for m, seeds in finished.items() if seeds}
+    if not finished:
+        started = {
+            m: {s: d for s, d in seeds.items() if (Path(d) / "metrics.jsonl").exists()}
+            for m, seeds in runs.items()
+        }
+        return {m: seeds for m, seeds in started.items() if seeds}, []
+    left_out = [
+        f"{m}/seed{s}"
+        for m, seeds in runs.items()
+        for s, d in sorted(seeds.items())
+        if s not in finished.get(m, {})
+    ]
+    return finished, left_out
+
+
 def report_comparison(
     directory: Path, *, threshold: float = 0.3, window: int = 3, **table_options
 ) -> ReportResult:
@@ -278,13 +305,14 @@ def report_comparison(
     table = build_table(runs, threshold=threshold, window=window, **table_options)
     write_table(table, directory)
     plan = load_plan(directory) or {}
+    plotted, unfinished = finished_runs(runs)
     runs_by_method = {
         m: [
             read_metrics(d / "metrics.jsonl")
             for _, d in sorted(seeds.items())
             if (d / "metrics.jsonl").exists()
         ]
-        for m, seeds in runs.items()
+        for m, seeds in plotted.items()
     }
     title = f"Comparison: {', '.join(runs)} ({directory.name})"
     body = [
@@ -308,8 +336,14 @@ def report_comparison(
             f'<p class="note">Prompt schedules (SHA-256 of the prompts each run draws, per seed): '
             f"{'identical across methods for every seed' if same else 'NOT identical: see notes'}.</p>"
         )
+    if unfinished:
+        body.append(
+            '<p class="note">Not finished, left out of the table and the figures: '
+            + html.escape(", ".join(unfinished))
+            + ".</p>"
+        )
     body += _curves_section(runs_by_method, fig_dir, figures, title)
-    body += _held_out_section(runs, table, fig_dir, figures)
+    body += _held_out_section(plotted, table, fig_dir, figures)
     sources = {}
     for method, seeds in runs.items():
         for seed, run_dir in sorted(seeds.items()):
