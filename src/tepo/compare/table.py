@@ -538,7 +538,7 @@ def render_markdown(table: dict) -> str:
     for key in (k for k in PER_SEED_KEYS if k in labels):
         seed_headers, seed_body = per_seed_rows(table, key)
         if seed_body and any(cell != "-" for line in seed_body for cell in line[2:]):
-            text += f"\nPer seed: {labels.get(key, key)}\n\n" + format_table(seed_headers, seed_body) + "\n"
+            text += f"\nPer seed: {labels[key]}\n\n" + format_table(seed_headers, seed_body) + "\n"
     return text
 
 
