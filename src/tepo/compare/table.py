@@ -57,6 +57,7 @@ import statistics
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
+from typing import NamedTuple
 
 from tepo.compare.stats import (
     DEFAULT_BOOTSTRAP_SEED,
@@ -151,7 +152,9 @@ def steps_to_threshold(
     return None, None
 
 
-def held_out_curve(run_dir: Path, key: str = "eval_greedy_accuracy") -> list[tuple[int, float]]:
+def held_out_curve(
+    run_dir: Path, key: str = "eval_greedy_accuracy", rows: list[dict] | None = None
+) -> list[tuple[int, float]]:
     """``[(step, held-out accuracy)]``: step 0 (initial policy), every eval row, the final accuracy.
 
     ``key`` picks the accuracy: ``eval_greedy_accuracy`` (the convergence columns' curve) or
@@ -159,12 +162,14 @@ def held_out_curve(run_dir: Path, key: str = "eval_greedy_accuracy") -> list[tup
 
     Step 0 is ``eval_before.json`` (else ``summary.json`` ``before``); the final point is ``summary.json``
     ``after`` at the last logged step (``summary.json`` ``steps`` when there is no metrics row). Points without
-    a finite accuracy are left out; a step logged twice keeps its last value.
+    a finite accuracy are left out; a step logged twice keeps its last value. ``rows``: the run's metrics rows
+    when the caller has read them already (else ``metrics.jsonl`` is read here).
     """
     run_dir = Path(run_dir)
     summary = _read_json(run_dir / "summary.json") or {}
     before = _read_json(run_dir / EVAL_BEFORE_FILE) or summary.get("before") or {}
-    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    if rows is None:
+        rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
     points: dict[int, float] = {}
     if (acc := _number(before.get(key))) is not None:
         points[0] = acc
@@ -241,8 +246,18 @@ def entropy_kept(rows: list[dict]) -> float | None:
     return sum(last) / len(last) / entropies[0]
 
 
-def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[str, float], dict[str, float]]:
-    """(after-training values, before-training values) of one run, by column key; missing values left out."""
+class RunValues(NamedTuple):
+    """One finished run as the table reads it: column values after and before training, and the raw series
+    (held-out curve, metrics rows) that the convergence columns need once the reference's final is known."""
+
+    after: dict[str, float]
+    before: dict[str, float]
+    curve: list[tuple[int, float]]
+    rows: list[dict]
+
+
+def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
+    """One run's values by column key (missing values left out), with the curve and rows they came from."""
     run_dir = Path(run_dir)
     summary = _read_json(run_dir / "summary.json") or {}
     # The initial policy's scores as the held-out curve reads them: eval_before.json, the file the trainer
@@ -260,7 +275,7 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[st
     steps, seconds = steps_to_threshold(rows, threshold, window)
     values["steps_to_threshold"] = None if steps is None else float(steps)
     values["seconds_to_threshold"] = seconds
-    curve = held_out_curve(run_dir)
+    curve = held_out_curve(run_dir, rows=rows)
     values["auc_held_out"] = curve_auc(curve)
     values["held_out_drop"] = max_drop(curve)
     values["entropy_kept"] = entropy_kept(rows)
@@ -271,9 +286,11 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> tuple[dict[st
         "held_out": _number(before.get("eval_greedy_accuracy")),
         "sampled": _number(before.get("eval_sampled_accuracy")),
     }
-    return (
-        {k: v for k, v in values.items() if v is not None},
-        {k: v for k, v in initial.items() if v is not None},
+    return RunValues(
+        after={k: v for k, v in values.items() if v is not None},
+        before={k: v for k, v in initial.items() if v is not None},
+        curve=curve,
+        rows=rows,
     )
 
 
@@ -296,6 +313,7 @@ def build_table(
     if reference is None and runs:
         reference = DEFAULT_REFERENCE if DEFAULT_REFERENCE in runs else next(iter(runs))
     per_method: dict[str, dict[int, dict]] = {}
+    series: dict[tuple[str, int], RunValues] = {}  # read once; the convergence loop below reuses them
     initial: dict[int, dict] = {}
     missing = []
     for method, seeds in runs.items():
@@ -303,9 +321,11 @@ def build_table(
             if not (Path(run_dir) / "summary.json").exists():
                 missing.append(f"{method}/seed{seed}")
                 continue
-            after, before = run_values(run_dir, threshold=threshold, window=window)
-            per_method.setdefault(method, {})[seed] = after
-            initial.setdefault(seed, before)  # identical across methods for one seed: the same initial policy
+            read = series[method, seed] = run_values(run_dir, threshold=threshold, window=window)
+            per_method.setdefault(method, {})[seed] = read.after
+            initial.setdefault(
+                seed, read.before
+            )  # identical across methods for one seed: the same initial policy
 
     ref_finals = [v["held_out"] for v in per_method.get(reference, {}).values() if "held_out" in v]
     ref_final = sum(ref_finals) / len(ref_finals) if ref_finals else None
@@ -313,11 +333,7 @@ def build_table(
     if target is not None:
         for method, seeds in per_method.items():
             for seed, values in seeds.items():
-                run_dir = Path(runs[method][seed])
-                rows_ = (
-                    read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
-                )
-                step, secs = convergence(held_out_curve(run_dir), rows_, target)
+                step, secs = convergence(series[method, seed].curve, series[method, seed].rows, target)
                 if step is not None:
                     values["steps_to_share"], values["seconds_to_share"] = float(step), secs
 
