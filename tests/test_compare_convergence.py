@@ -235,7 +235,7 @@ def test_fixture_table_and_report_from_small_files(tmp_path, capsys):
     assert not re.search(r"(src|href)=\"(?!data:)", page)  # every image inline
     assert page.count("data:image/png;base64,") >= 3
     assert "steps@90% grpo" in page and "held-out AUC" in page
-    assert "0 at every step of every run, not drawn: clip fraction (high)" in page
+    assert "0 at every step of every run, not drawn: clip fraction, tokens (high)" in page
     assert "Convergence target (greedy): 0.9 x grpo's seed-mean final accuracy = 0.540" in page
     assert (d / "report" / "figures" / "curve_held_out.png").exists()
     # The sampled held-out curve is drawn too: 0.15 before, 0.3 at the step-2 eval, 0.4 final (grpo seed 0).

@@ -18,6 +18,7 @@ from tepo.report.plots import (
     METRIC_FIGSIZE,
     TOKEN_DPI,
     TOKEN_FIG_WIDTH_IN,
+    informative_comparison_curves,
     plot_metric_by_method,
     plot_token_view,
     seed_band,
@@ -229,7 +230,7 @@ def test_comparison_report_is_self_contained(comparison, comparison_report):
     # accuracy (greedy and sampled, step 0 and final); token views are text.
     assert page.count("data:image/png;base64,") == 10
     assert "Held-out accuracy during training" in page
-    assert "0 at every step of every run, not drawn: clip fraction (low)" in page
+    assert "0 at every step of every run, not drawn: clip fraction, tokens (low)" in page
     assert "curve_clip_frac_low.png" not in {p.name for p in result.figures}
     assert '0.400 <span class="ci">[0.200, 0.600]</span>' in page and "<strong>0.500</strong>" in page
     names = {p.name for p in result.figures}
@@ -356,3 +357,28 @@ def test_training_curves_drop_identically_zero_panels():
     ]
     clipped = [dict(row, clip_frac_high=0.02 * row["step"]) for row in on_policy]
     assert "clip_frac_high" in [key for key, _ in _informative_curves(clipped)]
+
+
+def test_token_and_sequence_clip_fractions_get_separate_panels():
+    """clip_frac_* is a share of tokens, seq_clip_frac_* a share of responses (sequence-ratio losses only): each
+    gets its own panel, and one that is 0 in every run is folded like any other."""
+    runs = {
+        "grpo": [[{"step": 1, "clip_frac_high": 0.05, "clip_frac_low": 0.0}]],
+        "tepo": [
+            [
+                {
+                    "step": 1,
+                    "clip_frac_high": 0.2,
+                    "clip_frac_low": 0.0,
+                    "seq_clip_frac_high": 0.125,
+                    "seq_clip_frac_low": 0.0,
+                }
+            ]
+        ],
+    }
+    kept, zero, absent = informative_comparison_curves(runs)
+    assert ("clip_frac_high", "clip fraction, tokens (high)") in kept
+    assert ("seq_clip_frac_high", "clip fraction, sequences (high)") in kept
+    assert ("clip_frac_low", "clip fraction, tokens (low)") in zero
+    assert ("seq_clip_frac_low", "clip fraction, sequences (low)") in zero
+    assert ("approx_kl", "approx. KL old->new (k3)") in absent

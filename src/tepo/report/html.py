@@ -169,7 +169,8 @@ def _curves_section(
         body.append(
             '<p class="note">0 at every step of every run, not drawn: '
             + html.escape(", ".join(label for _, label in zero))
-            + " (with one update per rollout the policy ratio is exactly 1, so nothing is clipped).</p>"
+            + " (nothing was clipped or moved: expected with one update per rollout, where the policy ratio is"
+            " exactly 1; with several updates, a clip that never binds).</p>"
         )
     if absent:
         body.append(

@@ -88,8 +88,13 @@ COMPARISON_CURVES = (
     ("accuracy", "batch accuracy"),
     ("entropy_mean", "token entropy (nats)"),
     ("grad_norm", "gradient norm (pre-clip)"),
-    ("clip_frac_low", "clip fraction (low)"),
-    ("clip_frac_high", "clip fraction (high)"),
+    # clip_frac_*: share of tokens whose ratio was clipped (for a sequence-ratio loss such as tepo or gspo, the
+    # tokens of clipped responses, so long responses weigh more); seq_clip_frac_*: share of responses clipped,
+    # logged by sequence-ratio losses only. The second says how many responses the clip touched.
+    ("clip_frac_low", "clip fraction, tokens (low)"),
+    ("clip_frac_high", "clip fraction, tokens (high)"),
+    ("seq_clip_frac_low", "clip fraction, sequences (low)"),
+    ("seq_clip_frac_high", "clip fraction, sequences (high)"),
     ("approx_kl", "approx. KL old->new (k3)"),
     ("response_length_mean", "response length (tokens)"),
     ("step_seconds", "seconds per step"),
