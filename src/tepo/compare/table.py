@@ -59,6 +59,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
+from tepo.compare.runner import run_state
 from tepo.compare.stats import (
     DEFAULT_BOOTSTRAP_SEED,
     DEFAULT_CONFIDENCE,
@@ -318,14 +319,13 @@ def build_table(
     missing = []
     for method, seeds in runs.items():
         for seed, run_dir in sorted(seeds.items()):
-            if not (Path(run_dir) / "summary.json").exists():
+            if run_state(run_dir) != "finished":
                 missing.append(f"{method}/seed{seed}")
                 continue
             read = series[method, seed] = run_values(run_dir, threshold=threshold, window=window)
             per_method.setdefault(method, {})[seed] = read.after
-            initial.setdefault(
-                seed, read.before
-            )  # identical across methods for one seed: the same initial policy
+            # identical across methods for one seed: the same initial policy
+            initial.setdefault(seed, read.before)
 
     ref_finals = [v["held_out"] for v in per_method.get(reference, {}).values() if "held_out" in v]
     ref_final = sum(ref_finals) / len(ref_finals) if ref_finals else None

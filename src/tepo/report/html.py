@@ -263,13 +263,14 @@ def _write(out_dir: Path, title: str, body: list[str], figures: list[Path], kind
 def finished_runs(runs: dict[str, dict[int, Path]]) -> tuple[dict[str, dict[int, Path]], list[str]]:
     """The runs the figures draw, and the ``method/seed<k>`` names of those left out.
 
-    Finished runs (``summary.json``) only, as in the table, so a seed-mean curve and its "(3 seeds)" label
-    never mix a half-trained run into finished ones. While nothing is finished yet (a comparison in progress),
-    every run with a metrics log is drawn instead, and none is listed as left out.
+    Finished runs (:func:`tepo.compare.runner.run_state`, as the table counts them) only, so a seed-mean curve
+    and its "(3 seeds)" label never mix a half-trained run into finished ones. While nothing is finished yet (a
+    comparison in progress), every run with a metrics log is drawn instead, and none is listed as left out.
     """
+    from tepo.compare.runner import run_state
+
     finished = {
-        m: {s: d for s, d in seeds.items() if (Path(d) / "summary.json").exists()}
-        for m, seeds in runs.items()
+        m: {s: d for s, d in seeds.items() if run_state(d) == "finished"} for m, seeds in runs.items()
     }
     finished = {m: seeds for m, seeds in finished.items() if seeds}
     if not finished:
