@@ -418,7 +418,7 @@ def validate(config: RunConfig) -> list[str]:
     """Cross-field checks and registry look-ups; returns one message per problem (empty when valid)."""
     from tepo.advantages import ADVANTAGE_ESTIMATORS
     from tepo.lora import lora_config_errors
-    from tepo.losses import POLICY_LOSSES
+    from tepo.losses import KL_ESTIMATORS, POLICY_LOSSES
     from tepo.rollout import rollout_config_errors
 
     errors = []
@@ -475,13 +475,20 @@ def validate(config: RunConfig) -> list[str]:
     if c.algorithm.max_resample_rounds and not c.algorithm.dynamic_sampling:
         errors.append("algorithm.max_resample_rounds > 0 needs algorithm.dynamic_sampling: true")
     errors += _rollout_correction_errors(c.algorithm)
+    # Checked even while kl_coef is 0, so a misspelt estimator is not silently unused until the KL is turned on.
+    kl_estimator_ok = c.algorithm.kl_estimator in KL_ESTIMATORS
+    if not kl_estimator_ok:
+        errors.append(
+            f"algorithm.kl_estimator: unknown estimator {c.algorithm.kl_estimator!r} "
+            f"(valid: {', '.join(KL_ESTIMATORS)})"
+        )
 
     # Registry names and options: a dry call on a tiny batch catches unknown options now, not after model load.
     if c.algorithm.loss not in POLICY_LOSSES:
         errors.append(
             f"algorithm.loss: unknown loss {c.algorithm.loss!r} (valid: {', '.join(sorted(POLICY_LOSSES))})"
         )
-    else:
+    elif kl_estimator_ok or not c.algorithm.kl_coef:  # else the dry run would report the estimator again
         errors += _dry_run_loss(c.algorithm)
     if c.algorithm.advantage not in ADVANTAGE_ESTIMATORS:
         errors.append(
