@@ -19,11 +19,13 @@ Reference: docs/algorithms.md, sections "Advantage estimators" and "Group filter
 # isort: off
 # Importing these modules registers the built-in estimators, in the order of docs/algorithms.md.
 from tepo.advantages import group, token_level  # noqa: F401
+from tepo.advantages import group_2026  # noqa: F401  (after the TEPO papers' estimators)
 
 # isort: on
 from tepo.advantages.compute import compute_advantages
 from tepo.advantages.filtering import GroupFilterResult, filter_groups, select_rows
 from tepo.advantages.group import dr_grpo_advantages, grpo_advantages, rloo_advantages
+from tepo.advantages.group_2026 import grpo_batch_std_advantages, maxrl_advantages, opo_advantages
 from tepo.advantages.registry import (
     ADVANTAGE_ESTIMATORS,
     TENSOR_INPUTS,
@@ -52,7 +54,10 @@ __all__ = [
     "filter_groups",
     "get_advantage_estimator",
     "grpo_advantages",
+    "grpo_batch_std_advantages",
     "list_advantage_estimators",
+    "maxrl_advantages",
+    "opo_advantages",
     "register_advantage_estimator",
     "rloo_advantages",
     "select_rows",
