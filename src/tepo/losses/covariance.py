@@ -66,20 +66,22 @@ def _stats_of(logp: torch.Tensor, adv: torch.Tensor, valid: torch.Tensor) -> Cov
     return CovStats(mean_logp, mean_adv, float(var.sqrt().item()))
 
 
-def _covariance(inputs: LossInputs, cov_stats: CovStats | None) -> tuple[torch.Tensor, CovStats]:
-    stats = cov_stats if cov_stats is not None else _stats_of(inputs.logp, inputs.advantages, inputs.mask)
-    if not isinstance(stats, CovStats):
+def _check_stats(cov_stats: Any) -> None:
+    if cov_stats is not None and not isinstance(cov_stats, CovStats):
         raise ValueError(
-            f"cov_stats must be a tepo.losses.CovStats (see mini_batch_stats), got {type(stats).__name__}"
+            f"cov_stats must be a tepo.losses.CovStats (see mini_batch_stats), got {type(cov_stats).__name__}"
         )
+
+
+def _covariance(inputs: LossInputs, cov_stats: CovStats | None) -> tuple[torch.Tensor, CovStats]:
+    _check_stats(cov_stats)
+    stats = cov_stats if cov_stats is not None else _stats_of(inputs.logp, inputs.advantages, inputs.mask)
     cov = (inputs.logp.detach() - stats.mean_logp) * (inputs.advantages - stats.mean_adv)
     return cov, stats
 
 
-def _given_selection(stats: CovStats, inputs: LossInputs, name: str) -> torch.Tensor | None:
-    """The mini-batch's chosen tokens for this call, or None when the call must choose itself."""
-    if stats.selected is None:
-        return None
+def _given_selection(stats: CovStats, inputs: LossInputs, name: str) -> torch.Tensor:
+    """The chosen tokens of ``stats`` (the mini-batch's slice, or this call's own pick) for this call."""
     if stats.loss != name:
         raise ValueError(f"cov_stats were computed for policy loss {stats.loss!r}, not {name!r}")
     if stats.selected.shape != inputs.logp.shape:
@@ -150,11 +152,13 @@ def _clip_cov_batch_stats(
     clip_cov_ub: float,
     seed: int | None,
     generator: torch.Generator | None,
+    means: CovStats | None = None,
     **_: Any,
 ) -> CovStats:
+    """S over ``inputs``' tokens (the one place clip_cov picks); cov from ``means`` if given, else their own."""
     check_eps(eps_low=eps_low, eps_high=eps_high)
     _check_clip_cov(clip_cov_lb, clip_cov_ub, seed, generator)
-    cov, stats = _covariance(inputs, None)
+    cov, stats = _covariance(inputs, means)
     ratio = torch.exp(token_log_ratio(inputs)).detach()
     low, high = clip_masks(ratio, inputs.advantages, inputs.mask, eps_low, eps_high)
     selected = _clip_cov_pick(
@@ -171,8 +175,11 @@ def _clip_cov_batch_stats(
     return replace(stats, selected=selected, loss="clip_cov")
 
 
-def _kl_cov_batch_stats(inputs: LossInputs, *, kl_cov_ratio: float, **_: Any) -> CovStats:
-    cov, stats = _covariance(inputs, None)
+def _kl_cov_batch_stats(
+    inputs: LossInputs, *, kl_cov_ratio: float, means: CovStats | None = None, **_: Any
+) -> CovStats:
+    """The top-k over ``inputs``' tokens (the one place kl_cov picks); cov from ``means`` if given."""
+    cov, stats = _covariance(inputs, means)
     return replace(stats, selected=_kl_cov_pick(inputs, cov, kl_cov_ratio=kl_cov_ratio), loss="kl_cov")
 
 
@@ -212,26 +219,27 @@ def clip_cov(
     """
     check_eps(eps_low=eps_low, eps_high=eps_high)
     _check_clip_cov(clip_cov_lb, clip_cov_ub, seed, generator)
-    valid = inputs.mask
-    ratio = torch.exp(token_log_ratio(inputs))
-    term = clipped_surrogate(ratio, inputs.advantages, eps_low, eps_high)
-    low, high = clip_masks(ratio, inputs.advantages, valid, eps_low, eps_high)
-    cov, stats = _covariance(inputs, cov_stats)
-    selected = _given_selection(stats, inputs, "clip_cov")
-    if selected is None:
-        selected = _clip_cov_pick(
+    _check_stats(cov_stats)
+    if cov_stats is None or cov_stats.selected is None:
+        # S is this call's, drawn by the same function as the mini-batch statistics draw theirs.
+        cov_stats = _clip_cov_batch_stats(
             inputs,
-            cov,
-            low,
-            high,
+            eps_low=eps_low,
+            eps_high=eps_high,
             clip_cov_ratio=clip_cov_ratio,
             clip_cov_lb=clip_cov_lb,
             clip_cov_ub=clip_cov_ub,
             seed=seed,
             generator=generator,
+            means=cov_stats,
         )
     else:
         _share(clip_cov_ratio, 1, "clip_cov_ratio")  # the option is still checked
+    valid = inputs.mask
+    ratio = torch.exp(token_log_ratio(inputs))
+    term = clipped_surrogate(ratio, inputs.advantages, eps_low, eps_high)
+    low, high = clip_masks(ratio, inputs.advantages, valid, eps_low, eps_high)
+    selected = _given_selection(cov_stats, inputs, "clip_cov")
 
     loss_mat = torch.where(selected, term.detach(), term)
     metrics = clip_metrics(low, high, valid)
@@ -265,13 +273,14 @@ def kl_cov(
         raise ValueError(f"kl_cov_coef must be >= 0, got {kl_cov_coef}")
     valid = inputs.mask
     log_ratio = token_log_ratio(inputs)
-    cov, stats = _covariance(inputs, cov_stats)
-    n_valid = int(valid.sum().item())
-    selected = _given_selection(stats, inputs, "kl_cov")
-    if selected is None:
-        selected = _kl_cov_pick(inputs, cov, kl_cov_ratio=kl_cov_ratio)
+    _check_stats(cov_stats)
+    if cov_stats is None or cov_stats.selected is None:
+        # The top-k is this call's, chosen by the same function as the mini-batch statistics choose theirs.
+        cov_stats = _kl_cov_batch_stats(inputs, kl_cov_ratio=kl_cov_ratio, means=cov_stats)
     else:
-        _share(kl_cov_ratio, 1, "kl_cov_ratio")
+        _share(kl_cov_ratio, 1, "kl_cov_ratio")  # the option is still checked
+    n_valid = int(valid.sum().item())
+    selected = _given_selection(cov_stats, inputs, "kl_cov")
 
     penalty = kl_cov_coef * log_ratio.abs()
     loss_mat = -torch.exp(log_ratio) * inputs.advantages + torch.where(
