@@ -41,13 +41,13 @@ def scratch_registry():
 def test_builtins_are_registered_with_table_defaults():
     assert set(BUILTINS) <= set(list_policy_losses())
     expected = {
-        "grpo": ("seq-mean-token-mean", {"eps_low": 0.2, "eps_high": 0.2}),
-        "dapo": ("token-mean", {"eps_low": 0.2, "eps_high": 0.28}),
-        "dr_grpo": ("seq-mean-token-sum-norm", {"eps_low": 0.2, "eps_high": 0.2}),
+        "grpo": ("seq-mean-token-mean", {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": None}),
+        "dapo": ("token-mean", {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": None}),
+        "dr_grpo": ("seq-mean-token-sum-norm", {"eps_low": 0.2, "eps_high": 0.2, "dual_clip": None}),
         "tepo": ("token-mean", {"eps_low": 0.2, "eps_high": 0.2}),
         "gspo": ("seq-mean-token-mean", {"eps_low": 3e-4, "eps_high": 4e-4}),
         "gmpo": ("seq-mean-token-mean", {"eps_low": 0.4, "eps_high": 0.4}),
-        "cispo": ("token-mean", {"eps_high": 0.28}),
+        "cispo": ("token-mean", {"eps_high": 0.28, "eps_low": None}),
         "reinforce_is": ("token-mean", {}),
         "prefix_is": ("token-mean", {"eps_low": 0.2, "eps_high": 0.2}),
     }

@@ -9,6 +9,9 @@ Rollout correction (sampler != trainer): ``w, keep, m = rollout_correction_weigh
 mode="tis")`` then ``compute_policy_loss(..., mask=mask & keep, is_weights=w)``. Losses with
 ``spec.needs_batch_stats`` take ``batch_stats=mini_batch_stats(...).rows(rows, cols)`` per micro-batch.
 
+Token selections for any loss (``off_policy_mask``, ``top_entropy_quantile``, ``m2po_threshold``) are options;
+the two batch-wide ones also travel through ``mini_batch_stats`` (``needs_mini_batch_stats(name, options)``).
+
 Extend the registry with ``@register_policy_loss("my_loss")`` on ``fn(inputs: LossInputs, *, option=default)``
 returning ``(per-token loss [N, T], metrics)``.
 """
@@ -16,10 +19,11 @@ returning ``(per-token loss [N, T], metrics)``.
 # isort: off
 # Importing these modules registers the built-in losses, in the order of docs/algorithms.md.
 from tepo.losses import token_ratio, sequence_ratio, covariance  # noqa: F401
+from tepo.losses import soft_weight, divergence_mask  # noqa: F401
 
 # isort: on
 from tepo.losses.aggregation import AGG_MODES, aggregate
-from tepo.losses.batch_stats import mini_batch_stats
+from tepo.losses.batch_stats import mini_batch_stats, needs_mini_batch_stats
 from tepo.losses.compute import compute_policy_loss, valid_options
 from tepo.losses.covariance import CovStats
 from tepo.losses.inputs import LossInputs
@@ -56,6 +60,7 @@ __all__ = [
     "kl_estimate",
     "list_policy_losses",
     "mini_batch_stats",
+    "needs_mini_batch_stats",
     "register_policy_loss",
     "resolve_rollout_correction",
     "rollout_correction_weights",

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 from tepo.losses.inputs import LossInputs
@@ -89,3 +92,23 @@ def sequence_ratio_metrics(
         "seq_ratio_mean": masked_mean_value(seq_ratio, rows, empty=1.0),
         "seq_ratio_max": masked_max_value(seq_ratio, rows, empty=1.0),
     }
+
+
+def behaviour_logp(inputs: LossInputs) -> torch.Tensor:
+    """The behaviour policy's log-prob per token: the sampler's ``rollout_logp`` when given, else ``old_logp``."""
+    return inputs.old_logp if inputs.rollout_logp is None else inputs.rollout_logp
+
+
+def check_positive(**values: float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def optional_number(name: str, value: float | None) -> float | None:
+    """``value`` as a float, None kept (an option that is off); anything but a finite number is refused."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number or None (off), got {value!r}")
+    return float(value)

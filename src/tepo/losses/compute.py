@@ -18,6 +18,13 @@ from tepo.losses.regularizers import (
     kl_ref_term,
     tepo_kl_mask_term,
 )
+from tepo.losses.token_selection import (
+    SELECTION_OPTIONS,
+    MiniBatchStats,
+    SelectionStats,
+    check_selection_options,
+    select_tokens,
+)
 
 # Options every loss accepts, with their defaults (None: the loss's own default / the call's own count).
 COMMON_OPTIONS: dict[str, Any] = {
@@ -28,6 +35,7 @@ COMMON_OPTIONS: dict[str, Any] = {
     "kl_coef": 0.0,
     "kl_estimator": "k3",
     "tepo_kl_mask_coef": 0.0,
+    **SELECTION_OPTIONS,  # off_policy_mask, top_entropy_quantile, m2po_threshold (tepo.losses.token_selection)
 }
 
 
@@ -44,8 +52,13 @@ def _is_finite_number(value: Any) -> bool:
 def _split_options(spec: PolicyLossSpec, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     unknown = sorted(set(options) - set(valid_options(spec)))
     if unknown:
+        # An option of other losses (dual_clip on tepo, say) is refused naming the losses it applies to.
+        scopes = [(key, _losses_with_option(key)) for key in unknown]
+        where = "".join(
+            f"; {key} applies only to policy losses {', '.join(names)}" for key, names in scopes if names
+        )
         raise ValueError(
-            f"unknown option(s) {', '.join(unknown)} for policy loss {spec.name!r}; "
+            f"unknown option(s) {', '.join(unknown)} for policy loss {spec.name!r}{where}; "
             f"valid options: {', '.join(valid_options(spec))}"
         )
     own = {k: v for k, v in options.items() if k in spec.defaults}
@@ -72,7 +85,24 @@ def _split_options(spec: PolicyLossSpec, options: dict[str, Any]) -> tuple[dict[
         )
     if common["agg"] is not None:
         check_agg_mode(common["agg"])
+    check_selection_options(common)
     return own, common
+
+
+def _losses_with_option(key: str) -> list[str]:
+    """The registered losses that take option ``key`` (for the message refusing it on the others)."""
+    from tepo.losses.registry import POLICY_LOSSES
+
+    return [name for name, spec in POLICY_LOSSES.items() if key in valid_options(spec)]
+
+
+def _split_batch_stats(batch_stats: Any) -> tuple[Any, SelectionStats | None]:
+    """``(the loss's statistics, the selection options' statistics)`` out of a ``batch_stats`` argument."""
+    if isinstance(batch_stats, MiniBatchStats):
+        return batch_stats.loss, batch_stats.selection
+    if isinstance(batch_stats, SelectionStats):
+        return None, batch_stats
+    return batch_stats, None
 
 
 def _require(name: str, present: bool, why: str) -> None:
@@ -93,6 +123,7 @@ def compute_policy_loss(
     num_tokens: float | int | torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
     batch_stats: Any = None,
+    rollout_logp: torch.Tensor | None = None,
     **options: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Policy loss ``name`` plus the active regularizers, aggregated into a 0-dim tensor; and its metrics.
@@ -110,12 +141,22 @@ def compute_policy_loss(
     to ``pg_losses`` alone. None computes exactly what a call without them computes.
 
     ``batch_stats`` is this call's slice of `tepo.losses.mini_batch_stats` for losses with
-    ``spec.needs_batch_stats`` (``stats.rows(rows, cols)``); it is handed to the loss's statistics option.
+    ``spec.needs_batch_stats`` (``stats.rows(rows, cols)``); it is handed to the loss's statistics option. It also
+    carries the mini-batch selections of ``top_entropy_quantile`` / ``m2po_threshold`` (without it, a call
+    selects among its own tokens).
+
+    ``rollout_logp`` ([N, T], optional, detached) is the sampler's log-prob of each token, the "behaviour"
+    policy of dppo_tv / dppo_kl, ``off_policy_mask`` and ``m2po_threshold``; without it they use ``old_logp``.
 
     Options: the loss's own (see `POLICY_LOSSES[name].defaults`; ``eps`` sets eps_low = eps_high), ``agg``,
     ``entropy_coef`` (adds -coef*agg(H), needs ``entropy``), ``kl_coef`` with ``kl_estimator`` in k1/k2/k3
     (adds coef*agg(KL(pi_theta||pi_ref)), needs ``ref_logp``), ``tepo_kl_mask_coef`` (TEPO v2, adds
-    coef*sum_M k3(pi_theta||pi_old)/T_tot, needs ``entropy`` and ``old_entropy``).
+    coef*sum_M k3(pi_theta||pi_old)/T_tot, needs ``entropy`` and ``old_entropy``). Token selections, any loss
+    (`tepo.losses.token_selection`, each None = off): ``off_policy_mask=delta`` (DeepSeek-V3.2: drop a sequence
+    with A_i < 0 whose mean of behaviour - logp exceeds delta), ``top_entropy_quantile=rho`` (keep tokens with
+    entropy >= the (1 - rho) quantile over the mini-batch's valid tokens; needs ``entropy``),
+    ``m2po_threshold=tau`` (M2PO: drop the largest (logp - behaviour)^2 until their kept mean is <= tau). A
+    dropped token's policy term is 0 and it stays in the token count.
 
     Metrics (python floats, over this call's valid tokens): ``policy_loss``, ``loss``, ``clip_frac_low``,
     ``clip_frac_high`` (plus ``seq_clip_frac_*`` for sequence ratios), ``approx_kl`` (k3 estimate of
@@ -124,6 +165,7 @@ def compute_policy_loss(
     """
     spec = get_policy_loss(name)
     own, common = _split_options(spec, options)
+    batch_stats, selection_stats = _split_batch_stats(batch_stats)
     if batch_stats is not None:
         if not spec.needs_batch_stats:
             raise ValueError(
@@ -144,6 +186,7 @@ def compute_policy_loss(
         num_seqs=common["num_seqs"],
         max_len=common["max_len"],
         is_weights=is_weights,
+        rollout_logp=rollout_logp,
     )
     for tensor_name in spec.requires:
         _require(tensor_name, getattr(inputs, tensor_name) is not None, f"policy loss {name!r}")
@@ -154,6 +197,8 @@ def compute_policy_loss(
     if common["tepo_kl_mask_coef"] != 0:
         _require("entropy", inputs.entropy is not None, "tepo_kl_mask_coef != 0")
         _require("old_entropy", inputs.old_entropy is not None, "tepo_kl_mask_coef != 0")
+    if common["top_entropy_quantile"] is not None:
+        _require("entropy", inputs.entropy is not None, "top_entropy_quantile")
 
     agg = common["agg"] or spec.default_agg
     loss_mat, loss_metrics = spec.fn(inputs, **own)
@@ -162,6 +207,9 @@ def compute_policy_loss(
         raise ValueError(
             f"policy loss {name!r} must return a per-token loss of shape {tuple(inputs.logp.shape)}, got {got}"
         )
+    keep, selection_metrics = select_tokens(inputs, common, selection_stats)
+    if keep is not None:
+        loss_mat = torch.where(keep, loss_mat, torch.zeros((), dtype=loss_mat.dtype, device=loss_mat.device))
     if inputs.is_weights is not None:
         loss_mat = loss_mat * inputs.is_weights
     counts = {"num_tokens": inputs.num_tokens, "num_seqs": inputs.num_seqs, "max_len": inputs.max_len}
@@ -175,6 +223,7 @@ def compute_policy_loss(
         "clip_frac_low": 0.0,
         "clip_frac_high": 0.0,
         **{k: float(v) for k, v in loss_metrics.items()},
+        **selection_metrics,
         "approx_kl": masked_mean_value(ratio - 1.0 - log_ratio, valid),
         "ratio_mean": masked_mean_value(ratio, valid, empty=1.0),
         "ratio_max": masked_max_value(ratio, valid, empty=1.0),

@@ -23,7 +23,9 @@ class LossInputs:
     ``advantages`` is already broadcast to [N, T]. ``mask`` is bool. ``num_tokens``, ``num_seqs`` and
     ``max_len`` are the global counts of the mini-batch (see `tepo.losses.aggregate`). ``is_weights`` (detached,
     or None) are the rollout-correction weights: `tepo.losses.compute_policy_loss` multiplies them into the
-    loss's per-token term itself, so a registered loss must not apply them.
+    loss's per-token term itself, so a registered loss must not apply them. ``rollout_logp`` (detached, or None)
+    is the sampler's own log-prob of each token ("behaviour", docs/algorithms.md#the-2026-objectives); a loss
+    that reads the behaviour policy takes `tepo.losses._common.behaviour_logp`, which falls back to ``old_logp``.
     """
 
     logp: torch.Tensor
@@ -37,6 +39,7 @@ class LossInputs:
     num_seqs: float
     max_len: float
     is_weights: torch.Tensor | None = None
+    rollout_logp: torch.Tensor | None = None
 
 
 def _check_2d(name: str, tensor: torch.Tensor, shape: torch.Size) -> None:
@@ -69,6 +72,7 @@ def prepare_inputs(
     num_seqs,
     max_len,
     is_weights: torch.Tensor | None = None,
+    rollout_logp: torch.Tensor | None = None,
 ) -> LossInputs:
     """Validate the raw tensors and return sanitised `LossInputs` (see the module docstring)."""
     if not isinstance(logp, torch.Tensor) or logp.dim() != 2:
@@ -84,6 +88,7 @@ def prepare_inputs(
         ("entropy", entropy),
         ("old_entropy", old_entropy),
         ("is_weights", is_weights),
+        ("rollout_logp", rollout_logp),
     ):
         if tensor is not None:
             _check_2d(name, tensor, shape)
@@ -127,4 +132,5 @@ def prepare_inputs(
         num_seqs=as_count(num_seqs, float(max(shape[0], 1)), "num_seqs"),
         max_len=as_count(max_len, float(max(shape[1], 1)), "max_len"),
         is_weights=is_weights,
+        rollout_logp=None if rollout_logp is None else _clean(rollout_logp.detach(), valid, dtype),
     )

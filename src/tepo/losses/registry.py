@@ -52,8 +52,11 @@ class PolicyLossSpec:
 
     @property
     def has_clip_pair(self) -> bool:
-        """True when the loss takes both eps_low and eps_high, so the symmetric alias ``eps`` is accepted."""
-        return "eps_low" in self.defaults and "eps_high" in self.defaults
+        """True when the loss takes both eps_low and eps_high, so the symmetric alias ``eps`` is accepted.
+
+        Not when one of them defaults to None (off: cispo's optional lower clip), where ``eps`` would turn it on.
+        """
+        return all(self.defaults.get(key) is not None for key in ("eps_low", "eps_high"))
 
 
 POLICY_LOSSES: dict[str, PolicyLossSpec] = {}

@@ -1,4 +1,5 @@
-"""Losses built on the sequence ratio ``s_i = exp(mean_t m*(logp - old))``: tepo, gspo, gmpo, reinforce_is."""
+"""Losses built on the sequence ratio ``s_i = exp(mean_t m*(logp - old))``: tepo, gspo, gmpo, reinforce_is, luspo,
+tepo_token, gspo_token."""
 
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def gspo(inputs: LossInputs, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
 
     GSPO (arXiv 2507.18071) Eq. 5-7: sequence-level ratio and clipping, every sequence weighted equally
     (1/G sum_i), eps 3e-4 / 4e-4. It differs from ``tepo`` only in aggregation: tepo * T_tot weighs row i by
-    |o_i| where gspo * N weighs it by 1. With token-level advantages this is GSPO-token's value (its
-    stop-gradient construction changes only the gradient split between tokens, not what is computed here).
+    |o_i| where gspo * N weighs it by 1. With token-level advantages this is GSPO-token's value but not its
+    gradient (here every token of row i receives the row's mean advantage): ``gspo_token`` is GSPO-token.
     """
     return _sequence_clip_loss(inputs, eps_low, eps_high)
 
@@ -102,3 +103,55 @@ def reinforce_is(inputs: LossInputs):
         sequence_ratio_metrics(seq_ratio, sequence_advantage(inputs), inputs, float("inf"), float("inf"))
     )
     return loss_mat, metrics
+
+
+@register_policy_loss("luspo", default_agg="seq-mean-token-sum", paper="LUSPO 2602.05261")
+def luspo(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.2):
+    """LUSPO: the tepo/gspo sequence term l_i = -min(s_i*A, clip(s_i, 1-eps_low, 1+eps_high)*A) on every token,
+    aggregated seq-mean-token-sum, i.e. (1/N) sum_i |o_i| * l_i.
+
+    LUSPO (arXiv 2602.05261), TRL ``loss_type="luspo"`` (``(per_token_loss * mask).sum(-1).mean()``): GSPO's
+    objective with each sequence scaled by its length, which removes GSPO's bias towards short responses.
+    ``tepo`` sums the same terms over tokens and divides by T_tot instead of N, so on one batch (same eps)
+    luspo = tepo * T_tot / N, value and gradient: TEPO's objective up to a per-batch constant. eps defaults to
+    TRL's (``epsilon`` 0.2, ``epsilon_high`` None = the same).
+    """
+    return _sequence_clip_loss(inputs, eps_low, eps_high)
+
+
+def _token_sequence_clip_loss(inputs: LossInputs, eps_low: float, eps_high: float):
+    """GSPO-token's ratio s[i,t] (value s_i, gradient s_i * grad logp[i,t]), clipped with each token's own A."""
+    check_eps(eps_low=eps_low, eps_high=eps_high)
+    seq_log = sequence_log_ratio(inputs)
+    # log s[i,t] = sg[log s_i] + logp - sg[logp]: the value of the sequence ratio, the gradient of one token.
+    ratio = torch.exp(seq_log.detach().unsqueeze(-1) + inputs.logp - inputs.logp.detach())
+    low, high = clip_masks(ratio, inputs.advantages, inputs.mask, eps_low, eps_high)
+    metrics = clip_metrics(low, high, inputs.mask)
+    seq_ratio = torch.exp(seq_log.detach())
+    metrics.update(sequence_ratio_metrics(seq_ratio, sequence_advantage(inputs), inputs, eps_low, eps_high))
+    return clipped_surrogate(ratio, inputs.advantages, eps_low, eps_high), metrics
+
+
+@register_policy_loss("tepo_token", default_agg="token-mean", paper="TEPO 2510.09369 + GSPO-token 2507.18071")
+def tepo_token(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.2):
+    """TEPO with GSPO-token's ratio: l = -min(s[i,t]*A[i,t], clip(s[i,t], 1-eps, 1+eps)*A[i,t]), token-mean.
+
+    s[i,t] = sg[s_i] * pi(y_t) / sg[pi(y_t)], i.e. log s[i,t] = sg[log s_i] + logp - sg[logp] (GSPO arXiv
+    2507.18071 Sec. 4.3): its value is TEPO's s_i, its gradient s_i * grad(logp[i,t]) alone, so each token is
+    driven by its own advantage A[i,t] (token-level estimators such as ``entropy_adv`` and ``erpo``). Unclipped,
+    dL/dlogp[i,t] = -m[i,t] * s_i * A[i,t] / T_tot; with a sequence-level A_i that is tepo's gradient, and the
+    value is tepo's too. The clip acts per token on (s_i, sign of A[i,t]).
+    """
+    return _token_sequence_clip_loss(inputs, eps_low, eps_high)
+
+
+@register_policy_loss("gspo_token", default_agg="seq-mean-token-mean", paper="GSPO 2507.18071 Sec. 4.3")
+def gspo_token(inputs: LossInputs, *, eps_low: float = 3e-4, eps_high: float = 4e-4):
+    """GSPO-token: l = -min(s[i,t]*A[i,t], clip(s[i,t], 1-eps_low, 1+eps_high)*A[i,t]), seq-mean-token-mean.
+
+    GSPO (arXiv 2507.18071) Sec. 4.3 Eq. 13-14: s[i,t] = sg[s_i] * pi(y_t) / sg[pi(y_t)], the value of the
+    sequence ratio with the gradient of the token's own log-prob (see ``tepo_token``); TRL experimental
+    ``gspo_token``, verl ``gspo`` (which builds the same ratio). With a sequence-level A_i it equals ``gspo``,
+    value and gradient. eps 3e-4 / 4e-4 as gspo.
+    """
+    return _token_sequence_clip_loss(inputs, eps_low, eps_high)

@@ -1,4 +1,7 @@
-"""Losses built on the per-token ratio ``r[i,t] = exp(logp - old)``: grpo, dapo, dr_grpo, cispo, prefix_is."""
+"""Losses built on the per-token ratio ``r[i,t] = exp(logp - old)``: grpo, dapo, dr_grpo, cispo, prefix_is.
+
+The PPO-clipped three (grpo, dapo, dr_grpo) take the ``dual_clip`` option; cispo takes an optional ``eps_low``.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ from tepo.losses._common import (
     clip_masks,
     clip_metrics,
     clipped_surrogate,
+    masked_mean_value,
+    optional_number,
     token_log_ratio,
 )
 from tepo.losses.inputs import LossInputs
@@ -16,63 +21,95 @@ from tepo.losses.registry import register_policy_loss
 
 
 def _ppo_clip_loss(
-    inputs: LossInputs, eps_low: float, eps_high: float
+    inputs: LossInputs, eps_low: float, eps_high: float, dual_clip: float | None = None
 ) -> tuple[torch.Tensor, dict[str, float]]:
     check_eps(eps_low=eps_low, eps_high=eps_high)
+    dual_clip = optional_number("dual_clip", dual_clip)
     ratio = torch.exp(token_log_ratio(inputs))
     low, high = clip_masks(ratio, inputs.advantages, inputs.mask, eps_low, eps_high)
-    return clipped_surrogate(ratio, inputs.advantages, eps_low, eps_high), clip_metrics(
-        low, high, inputs.mask
-    )
+    term = clipped_surrogate(ratio, inputs.advantages, eps_low, eps_high)
+    metrics = clip_metrics(low, high, inputs.mask)
+    if dual_clip is not None:
+        term, capped = _dual_clip(term, inputs.advantages, dual_clip)
+        metrics["clip_frac_dual"] = masked_mean_value((capped & inputs.mask).float(), inputs.mask)
+    return term, metrics
+
+
+def _dual_clip(term: torch.Tensor, adv: torch.Tensor, c: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dual-clip PPO (Ye et al. 1912.09729 Eq. 5): where A < 0 the term becomes min(-c*A, term), c > 1.
+
+    With A < 0 the clipped term -min(r*A, clip(r)*A) = -r*A grows without bound in r; dual-clip caps it at c*|A|
+    (constant, zero gradient) where r > c. verl's ``vanilla`` applies it with ``clip_ratio_c`` (3.0 by default);
+    TRL's ``delta`` clamps r at delta inside the same min, which gives this value when delta > 1 + eps_high.
+    Returns the new term and where the cap is active.
+    """
+    if not c > 1:
+        raise ValueError(
+            f"dual_clip must be > 1 (the ratio above which a negative-advantage term is capped), got {c}"
+        )
+    cap = -c * adv
+    capped = (adv < 0) & (cap < term)
+    return torch.where(adv < 0, torch.minimum(term, cap), term), capped
 
 
 @register_policy_loss("grpo", default_agg="seq-mean-token-mean", paper="DeepSeekMath 2402.03300")
-def grpo(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.2):
+def grpo(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float | None = None):
     """GRPO clipped surrogate, per token: l = -min(r*A, clip(r, 1-eps_low, 1+eps_high)*A).
 
     r[i,t] = exp(logp - old). Default aggregation seq-mean-token-mean (mean over tokens, then over sequences),
     as in DeepSeekMath (arXiv 2402.03300) Eq. 3. The KL-to-reference term of the paper is the separate
-    ``kl_coef`` regularizer (estimator k3 is the paper's choice).
+    ``kl_coef`` regularizer (estimator k3 is the paper's choice). ``dual_clip=c`` (off by default; also on dapo
+    and dr_grpo) caps the term at -c*A where A < 0 (`_dual_clip`; verl's ``vanilla`` has it on at c = 3).
     """
-    return _ppo_clip_loss(inputs, eps_low, eps_high)
+    return _ppo_clip_loss(inputs, eps_low, eps_high, dual_clip)
 
 
 @register_policy_loss("dapo", default_agg="token-mean", paper="DAPO 2503.14476")
-def dapo(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.28):
+def dapo(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.28, dual_clip: float | None = None):
     """DAPO (Clip-Higher, token-level mean): l = -min(r*A, clip(r, 1-eps_low, 1+eps_high)*A), eps 0.2/0.28.
 
     DAPO (arXiv 2503.14476) Eq. 8: the same term as GRPO with a wider upper clip and token-mean aggregation
     (1 / sum_i |o_i|). Dynamic sampling and the overlong penalty belong to the pipeline, not to this loss.
     """
-    return _ppo_clip_loss(inputs, eps_low, eps_high)
+    return _ppo_clip_loss(inputs, eps_low, eps_high, dual_clip)
 
 
 @register_policy_loss("dr_grpo", default_agg="seq-mean-token-sum-norm", paper="Dr. GRPO 2503.20783")
-def dr_grpo(inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.2):
+def dr_grpo(
+    inputs: LossInputs, *, eps_low: float = 0.2, eps_high: float = 0.2, dual_clip: float | None = None
+):
     """Dr. GRPO: l = -min(r*A, clip(r, 1-eps, 1+eps)*A), aggregated sum / (N * L_max).
 
     Dr. GRPO (arXiv 2503.20783) removes GRPO's 1/|o_i| length normalisation: the sum over all tokens is divided
     by a constant (the number of sequences times a fixed maximum length ``max_len``). Its advantage drops the
     std division (``tepo.advantages`` "dr_grpo").
     """
-    return _ppo_clip_loss(inputs, eps_low, eps_high)
+    return _ppo_clip_loss(inputs, eps_low, eps_high, dual_clip)
 
 
 @register_policy_loss("cispo", default_agg="token-mean", paper="MiniMax-M1 2506.13585")
-def cispo(inputs: LossInputs, *, eps_high: float = 0.28):
+def cispo(inputs: LossInputs, *, eps_high: float = 0.28, eps_low: float | None = None):
     """CISPO: l = -sg[clip(r, 0, 1+eps_high)] * A * logp (clipped IS weight, never a dropped token).
 
     MiniMax-M1 (arXiv 2506.13585) Eq. 4-5: the importance weight is truncated and detached, so every token
     keeps the REINFORCE gradient -w*A*grad(logp). The loss *value* is -w*A*logp (not a surrogate of r).
-    clip_frac_high counts tokens whose weight was truncated (r > 1+eps_high), whatever the sign of A; there is
-    no lower clip, so clip_frac_low is 0.
+    clip_frac_high counts tokens whose weight was truncated (r > 1+eps_high), whatever the sign of A. By default
+    there is no lower clip (MiniMax, TRL), so clip_frac_low is 0. ``eps_low`` set clips both sides,
+    ``sg[clip(r, 1-eps_low, 1+eps_high)]`` (verl, slime, SkyRL, NeMo), and clip_frac_low counts the tokens whose
+    weight was raised to 1-eps_low. ``eps=`` is not accepted (it would silently turn on the lower clip).
     """
     check_eps(eps_high=eps_high)
+    eps_low = optional_number("eps_low", eps_low)
+    floor = 0.0
+    if eps_low is not None:
+        check_eps(eps_low=eps_low)
+        floor = 1.0 - eps_low
     ratio = torch.exp(token_log_ratio(inputs))
-    weight = ratio.clamp(0.0, 1.0 + eps_high).detach()
+    weight = ratio.clamp(floor, 1.0 + eps_high).detach()
     truncated = inputs.mask & (ratio > 1.0 + eps_high)
+    raised = inputs.mask & (ratio < floor)
     loss_mat = -weight * inputs.advantages * inputs.logp
-    return loss_mat, clip_metrics(torch.zeros_like(truncated), truncated, inputs.mask)
+    return loss_mat, clip_metrics(raised, truncated, inputs.mask)
 
 
 @register_policy_loss("prefix_is", default_agg="token-mean", paper="TEPO 2510.09369 Sec. 4.3.2")
