@@ -22,6 +22,7 @@ from tepo.evaluate.runner import BenchmarkTask, _prepare_output_dir, results_tab
 from tepo.evaluate.samples import append_samples, read_samples
 from tepo.evaluate.settings import (
     BENCHMARK_INSTRUCTION,
+    TEPO_BENCHMARKS,
     EvalError,
     EvalSetting,
     make_setting,
@@ -128,7 +129,7 @@ def test_hub_answer_transforms():
 
 
 def test_tepo_protocol_matches_the_paper():
-    settings = protocol_settings("tepo", ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"])
+    settings = protocol_settings("tepo", list(TEPO_BENCHMARKS))
     for name in ("aime24", "aime25", "amc23"):
         s = settings[name]
         assert (s.greedy, s.num_samples, s.temperature, s.top_p, s.max_new_tokens) == (
@@ -138,7 +139,17 @@ def test_tepo_protocol_matches_the_paper():
             1.0,
             8192,
         )
-    for name in ("math500", "minerva", "olympiadbench"):
+    # The paper's seven benchmarks: "For AIME and AMC we used temperature 0.6; for the others we used greedy".
+    assert set(TEPO_BENCHMARKS) == {
+        "math500",
+        "aime24",
+        "aime25",
+        "amc23",
+        "omni_math",
+        "minerva",
+        "olympiadbench",
+    }
+    for name in ("math500", "omni_math", "minerva", "olympiadbench"):
         s = settings[name]
         assert (s.greedy, s.num_samples, s.max_new_tokens) == (True, 1, 8192)
     assert all(
@@ -354,10 +365,19 @@ def test_summarize_problem_results_matches_the_record_path():
 
 
 @needs_shared
-def test_cli_arguments_become_tasks():
+def test_cli_arguments_become_tasks(tmp_path):
     from tepo.cli import build_parser
     from tepo.evaluate.cli import build_tasks
 
+    # The shared benchmarks, and Omni-MATH (not among them) as the hub's rows in a local file: all seven of the
+    # protocol come from the data directory, none from the hub.
+    data = tmp_path / "data"
+    data.mkdir()
+    for entry in SHARED.iterdir():
+        (data / entry.name).symlink_to(entry.resolve())
+    (data / "omni_math").mkdir()
+    fixture = Path(__file__).parent / "fixtures" / "hub" / "omni_math.jsonl"
+    (data / "omni_math" / "test.jsonl").write_text(fixture.read_text(encoding="utf-8"), encoding="utf-8")
     parser = build_parser()
     args = parser.parse_args(
         [
@@ -371,14 +391,17 @@ def test_cli_arguments_become_tasks():
             "--num-samples",
             "4",
             "--data-dir",
-            str(SHARED),
+            str(data),
         ]
     )
     tasks = {t.name: t for t in build_tasks(args)}
-    assert list(tasks) == ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"]
+    assert list(tasks) == list(TEPO_BENCHMARKS)
     assert all(len(t.problems) == 2 and t.setting.max_new_tokens == 64 for t in tasks.values())
     assert (tasks["aime24"].setting.num_samples, tasks["aime24"].setting.temperature) == (4, 0.6)
     assert tasks["math500"].setting.greedy and tasks["math500"].source.endswith("math500/test.jsonl")
+    omni = tasks["omni_math"]
+    assert omni.setting.greedy and Path(omni.source) == (data / "omni_math" / "test.jsonl").resolve()
+    assert [p.answer for p in omni.problems] == ["3", "7\\sqrt{2}"]
 
     args = parser.parse_args(
         [

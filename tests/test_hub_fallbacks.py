@@ -70,6 +70,15 @@ EXPECTED: dict[str, list[Problem]] = {
         Problem("1606", "Find all real $x$ with $x^2 = 4$.", "$2$, $-2$"),
         Problem("1607", "A triangle has base 6 and height 4.\n\nWhat is the area of the triangle?", "12"),
     ],
+    "omni_math": [
+        Problem("0", "Find the minimum value of $x^2 - 6x + 12$ over all real $x$.", "3"),
+        Problem("1", "Simplify $\\sqrt{50} + \\sqrt{8}$.", "7\\sqrt{2}"),
+        Problem(
+            "2",
+            "For $n \\ge 2$, a path visits $n$ towns in a row. How many roads join neighbouring towns?",
+            "n - 1",
+        ),
+    ],
     "gsm8k": [
         Problem("0", "Ana buys 3 packs of 4 pens. How many pens does she have?", "12"),
         Problem("1", "A shop sells 1,200 cups a day for 2 days. How many cups in all?", "2400"),
@@ -99,6 +108,14 @@ def _pa_schemas():
             "answer_type": s,
             "subfield": s,
         },
+        "omni_math": {
+            "domain": pa.list_(s),
+            "difficulty": f,
+            "problem": s,
+            "solution": s,
+            "answer": s,
+            "source": s,
+        },
         "gsm8k": {"question": s, "answer": s},
         "dapo_math_17k_processed": {
             "prompt": s,
@@ -125,6 +142,7 @@ REPO_LAYOUT = {
         ("OE_TO_maths_en_COMP", "train"): "OE_TO_maths_en_COMP/train-00000-of-00001.parquet",
         ("OE_MM_maths_en_COMP", "train"): "OE_MM_maths_en_COMP/train-00000-of-00001.parquet",
     },
+    "omni_math": {(None, "test"): "test.jsonl"},
     "gsm8k": {
         ("main", "test"): "main/test-00000-of-00001.parquet",
         ("main", "train"): "main/train-00000-of-00001.parquet",
@@ -208,6 +226,51 @@ def test_a_local_file_wins_over_the_hub(hub_sandbox):
         json.dumps({"id": "x", "problem": "1+1?", "answer": "2"}) + "\n"
     )
     assert resolve_benchmark("aime25", data) == [Problem("x", "1+1?", "2")]
+
+
+def test_omni_math_from_a_data_directory_holding_the_hub_file(tmp_path):
+    # The hub's test.jsonl has 'problem' and 'answer', so it serves as the local file as it is (ids: line numbers).
+    (tmp_path / "omni_math").mkdir()
+    (tmp_path / "omni_math" / "test.jsonl").write_text(
+        (FIXTURES / "omni_math.jsonl").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    assert describe_source("omni_math", tmp_path) == str((tmp_path / "omni_math" / "test.jsonl").resolve())
+    problems = resolve_benchmark("omni_math", tmp_path)
+    assert [(p.id, p.problem, p.answer) for p in problems] == [
+        (str(i + 1), p.problem, p.answer) for i, p in enumerate(EXPECTED["omni_math"])
+    ]
+
+
+# Omni-MATH's answers are bare LaTeX (no $): shapes seen in the dataset's rows, each with a response's boxed answer
+# and the verdict of the real verifier. Values and expressions are judged; labelled or prose answers match only
+# when written alike (the limit of a rule-based checker, documented in benchmarks.py).
+OMNI_MATH_SHAPES = [
+    ("162\\sqrt{3}", "162\\sqrt3", "correct"),
+    ("162\\sqrt{3}", "280.59", "wrong"),
+    ("7\\sqrt{2}", "\\sqrt{98}", "correct"),
+    ("n - 1", "-1+n", "correct"),
+    ("n - 1", "n+1", "wrong"),
+    ("2017^{98}", "2017^{98}", "correct"),
+    ("\\frac{3^n}{n}", "3^n/n", "correct"),
+    ("a^b > \\frac{3^n}{n}", "a^b>3^n/n", "correct"),
+    (
+        "4122 \\text{ (minimum)}, 6049 \\text{ (maximum)}",
+        "4122 \\text{ (minimum)}, 6049 \\text{ (maximum)}",
+        "correct",
+    ),
+    ("4122 \\text{ (minimum)}, 6049 \\text{ (maximum)}", "4122, 6049", "wrong"),
+]
+
+
+def test_omni_math_answer_shapes_through_the_verifier():
+    from tepo.rewards import MathRewardPool
+
+    golds = [gold for gold, _, _ in OMNI_MATH_SHAPES]
+    responses = [f"So the answer is \\boxed{{{answer}}}." for _, answer, _ in OMNI_MATH_SHAPES]
+    with MathRewardPool(num_workers=1, timeout_s=20.0, answer_format="boxed") as pool:
+        results = pool.score(responses, golds)
+    got = [(gold, answer, r.status) for (gold, answer, _), r in zip(OMNI_MATH_SHAPES, results, strict=True)]
+    assert got == OMNI_MATH_SHAPES
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ minerva        minerva_math      272    math-ai/minervamath, test, question / an
 olympiadbench  olympiadbench     675    Hothan/OlympiadBench, OE_TO_maths_en_COMP, train, question /
                                         final_answer (a list, joined with ", " as the local copy is);
                                         674 rows on the hub
+omni_math      omni_math        4428    KbsdJames/Omni-MATH, test, problem / answer (a LaTeX expression)
 gsm8k          gsm8k            1319    openai/gsm8k, main, test, question / answer after "####", commas removed
 =============  ================  =====  ===============================================================
 
@@ -23,6 +24,16 @@ hub, which needs ``pip install 'tepo[hf-datasets]'`` and a reachable hub (or a w
 :func:`problem_from_hub_row`, which the tests run on hand-made rows shaped like each dataset card's (no hub access
 here). Anything that is not a benchmark name is read as a JSONL/Parquet path with ``problem`` and ``answer`` fields
 (``tepo.data.load_problems``).
+
+Omni-MATH (Gao et al. 2024, arXiv 2410.07985) is used whole, all 4,428 problems: the TEPO paper reports
+"OMNI-MATH" without naming a subset, and we found no 500-problem subset in common use among the papers that report
+it (a 500-row sample is on the hub, ``reliable-agents/Omni-MATH-500``, but we found no paper that names it; the
+Omni-MATH authors' own reduced set is "Omni-MATH-Rule", the problems a rule-based checker can judge). Its answers
+are LaTeX without ``$`` delimiters (``162\\sqrt{3}``, ``n - 1``, ``2017^{98}``); math-verify judges the
+expressions and values among them; answers that are prose or several labelled values
+(``4122 \\text{ (minimum)}, 6049 \\text{ (maximum)}``) match only when written alike, which is why the
+Omni-MATH authors grade with a model judge instead. The hub file (``test.jsonl``, with ``problem`` and ``answer``)
+can serve as the local file as it is.
 """
 
 from __future__ import annotations
@@ -160,6 +171,16 @@ BENCHMARKS: dict[str, Benchmark] = {
                 answer_transform=_join_answers,
                 context_field="context",
             ),
+            False,
+        ),
+        Benchmark(
+            "omni_math",
+            "omni_math",
+            "Omni-MATH",
+            # KbsdJames/Omni-MATH: no config (default), one file test.jsonl at the repository root (7.5 MB), so one
+            # split "test" (4428 rows); fields domain (list of str), difficulty (float), problem (str), solution
+            # (str), answer (str, LaTeX without $), source (str). No id field: the row index is the id.
+            HubSource("KbsdJames/Omni-MATH", "test", "problem", "answer"),
             False,
         ),
         Benchmark(
