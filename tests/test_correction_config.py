@@ -22,7 +22,7 @@ def test_defaults():
         (
             ["algorithm.rollout_correction=tiss"],
             "algorithm.rollout_correction: unknown correction 'tiss' (valid: auto, none, tis, mis, seq_tis, "
-            "seq_mask)",
+            "seq_mask, seq_k3, seq_max_k2)",
         ),
         (
             ["algorithm.rollout_correction=tis", "algorithm.rollout_correction_options.cap=0"],
@@ -42,14 +42,14 @@ def test_defaults():
         (
             ["algorithm.rollout_correction=mis", "algorithm.rollout_correction_options.cap=2"],
             "algorithm.rollout_correction_options.cap: not an option of rollout correction 'mis' "
-            "(its options: c_low, c_high)",
+            "(its options: c_low, c_high, normalize)",
         ),
         (
             [
                 "algorithm.rollout_correction_options.c_high=2"
             ],  # auto's options are those of the mode it turns on
             "algorithm.rollout_correction_options.c_high: not an option of rollout correction 'tis' "
-            "(its options: cap)",
+            "(its options: cap, normalize)",
         ),
     ],
 )

@@ -26,6 +26,27 @@ on at all), for these modes:
     ``g_i = exp(mean_t log rho_t)``, the geometric-mean ratio (the same length normalisation as TEPO's sequence
     ratio); ``keep_i = [c_low <= g_i <= c_high]`` drops the whole row, ``w = 1`` on kept rows (verl's Geo-RS
     presets apply no IS weight) and 0 on dropped ones. Defaults [0.999, 1.001]: verl's ``decoupled_geo_rs``.
+``seq_k3`` (sequence-level k3 rejection; verl ``rollout_rs="seq_mean_k3"``, "K3-RS")
+    ``K3_i = mean_t (rho_t - 1 - log rho_t)``, the mean per-token k3 estimate of KL(pi_s || pi_old) over the
+    row's valid tokens; ``keep_i = [K3_i <= threshold]``, ``w = 1`` on kept rows. Default threshold 0.01:
+    verl's ``decoupled_k3_rs``.
+``seq_max_k2`` (sequence-level k2 veto; verl ``rollout_rs="seq_max_k2"``)
+    ``K2max_i = max_t (log rho_t)^2 / 2``; ``keep_i = [K2max_i <= threshold]``: one token far off the sampler
+    drops its whole row even when the rest is clean. ``w = 1`` on kept rows. Default threshold 2.5 (verl ships no
+    preset for it; 2.5 is the value of its documented example, ``docs/algo/rollout_corr.md`` Example 7).
+    For both, verl first clamps ``log rho`` to [-20, 20] (its SAFETY_BOUND); so do we, so the statistics equal
+    verl's on every input. An empty row has statistic 0 (kept), as in verl.
+
+**Normalisation** (``normalize=true``, for the IS-weight modes tis, mis, seq_tis; verl
+``rollout_is_batch_normalize``): after truncation, the weights are divided by their mean, so they average 1 over
+the batch given to this call (the trainer passes the whole rollout batch, as verl normalises the batch of a step
+before splitting it into mini-batches; the weights are then constants, so micro-batching cannot change them).
+Token modes (tis, mis): ``w_t / mean_{kept t} w_t``, the mean over the tokens the loss counts; verl's token
+mean is over ``response_mask``, which for tis is the same set, and for its IcePop weights (verl's analogue of
+mis, which zeroes out-of-range weights but keeps those tokens in the loss) includes the zeros. Either way the
+weights then sum to the loss's token count. Sequence mode (seq_tis), as verl: ``w_i / mean_i w_i`` over the
+non-empty rows (one weight per sequence, not length-weighted). A mean <= 1e-8 leaves the weights unchanged (verl).
+The rejection modes have no IS weights to normalise and refuse the option.
 
 **Dropped tokens** (``keep`` False) must leave the loss entirely: the caller ANDs ``keep`` into the loss mask
 *before* counting the global ``num_tokens``, so they leave the denominator too (verl replaces ``response_mask``;
@@ -45,11 +66,15 @@ from typing import Any
 
 import torch
 
-ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "mis", "seq_tis", "seq_mask")
+ROLLOUT_CORRECTIONS: tuple[str, ...] = ("none", "tis", "mis", "seq_tis", "seq_mask", "seq_k3", "seq_max_k2")
 AUTO = "auto"
 # Modes that drop tokens (keep may be False on a valid token): the dropped tokens leave the loss's token counts,
 # so a trainer must know them before a mini-batch's counts are taken, i.e. from a pass before the update.
-DROPPING_CORRECTIONS: tuple[str, ...] = ("mis", "seq_mask")
+DROPPING_CORRECTIONS: tuple[str, ...] = ("mis", "seq_mask", "seq_k3", "seq_max_k2")
+# Modes whose weights ``normalize=true`` can rescale (the rejection modes' weights are all 1).
+NORMALIZABLE_CORRECTIONS: tuple[str, ...] = ("tis", "mis", "seq_tis")
+# verl's bound on log rho before any exp or divergence statistic (rollout_corr_helper.SAFETY_BOUND).
+_SAFETY_BOUND = 20.0
 # What ``auto`` turns on where the sampler is another engine (vLLM): token-level TIS with C = 2, the correction
 # of Yao et al. and verl's ``decoupled_token_is()`` preset.
 AUTO_ROLLOUT_CORRECTION = "tis"
@@ -61,7 +86,18 @@ MODE_OPTIONS: dict[str, dict[str, float]] = {
     "mis": {"c_low": 0.5, "c_high": 2.0},
     "seq_tis": {"cap": 2.0},
     "seq_mask": {"c_low": 0.999, "c_high": 1.001},
+    "seq_k3": {"threshold": 0.01},
+    "seq_max_k2": {"threshold": 2.5},
 }
+# The true/false option every mode with IS weights takes (see "Normalisation" in the module docstring).
+NORMALIZE = "normalize"
+
+
+def correction_needs_old_pass(mode: str, options: dict[str, Any]) -> bool:
+    """True when ``mode`` with ``options`` must be computed from a pass before the update over the whole batch:
+    it drops tokens (they leave the token counts) or normalises over the batch (a per-micro-batch mean would
+    depend on the split)."""
+    return mode in DROPPING_CORRECTIONS or bool(isinstance(options, dict) and options.get(NORMALIZE))
 
 
 def rollout_correction_option_errors(mode: str, options: dict[str, Any]) -> list[str]:
@@ -71,10 +107,18 @@ def rollout_correction_option_errors(mode: str, options: dict[str, Any]) -> list
     if not isinstance(options, dict):
         return [f"must be a mapping of option names to numbers, got {type(options).__name__}"]
     valid = MODE_OPTIONS[mode]
+    accepted = ", ".join([*valid, NORMALIZE] if mode in NORMALIZABLE_CORRECTIONS else valid) or "none"
     errors = []
     for key, value in options.items():
-        if key not in valid:
-            accepted = ", ".join(valid) or "none"
+        if key == NORMALIZE and mode in MODE_OPTIONS and mode not in NORMALIZABLE_CORRECTIONS:
+            errors.append(
+                f"{key}: rollout correction {mode!r} has no IS weights to normalise (it only keeps or drops "
+                f"tokens, with weight 1); normalize applies to {', '.join(NORMALIZABLE_CORRECTIONS)}"
+            )
+        elif key == NORMALIZE:
+            if not isinstance(value, bool):
+                errors.append(f"{key}: must be true or false, got {value!r}")
+        elif key not in valid:
             errors.append(f"{key}: not an option of rollout correction {mode!r} (its options: {accepted})")
         elif isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             errors.append(f"{key}: must be a finite number, got {value!r}")
@@ -88,11 +132,12 @@ def rollout_correction_option_errors(mode: str, options: dict[str, Any]) -> list
     return errors
 
 
-def _resolved_options(mode: str, options: dict[str, Any]) -> dict[str, float]:
+def _resolved_options(mode: str, options: dict[str, Any]) -> dict[str, Any]:
     errors = rollout_correction_option_errors(mode, options)
     if errors:
         raise ValueError("rollout correction options: " + "; ".join(errors))
-    return {**MODE_OPTIONS[mode], **{k: float(v) for k, v in options.items()}}
+    numbers_ = {k: float(v) for k, v in options.items() if k != NORMALIZE}
+    return {**MODE_OPTIONS[mode], NORMALIZE: bool(options.get(NORMALIZE, False)), **numbers_}
 
 
 def _masked_mean(values: torch.Tensor, valid: torch.Tensor, empty: float) -> float:
@@ -136,10 +181,13 @@ def rollout_correction_weights(
 
     ``old_logp``: the trainer's log-probabilities of the sampled tokens (pi_old); ``rollout_logp``: the sampler's
     (pi_s); ``mask``: the valid response tokens. Masked positions may hold anything and get weight 0, keep False.
-    Options: ``cap`` (tis, seq_tis), ``c_low`` / ``c_high`` (mis, seq_mask); see `MODE_OPTIONS` for defaults.
-    The weights are detached. Metrics (python floats): ``is_weight_mean`` / ``_min`` / ``_max`` over kept
-    tokens, ``is_truncated_frac`` (valid tokens whose weight was capped), ``is_dropped_frac`` (valid tokens
-    dropped) and ``is_dropped_seq_frac`` (non-empty rows with a dropped token).
+    Options: ``cap`` (tis, seq_tis), ``c_low`` / ``c_high`` (mis, seq_mask), ``threshold`` (seq_k3,
+    seq_max_k2), ``normalize`` (tis, mis, seq_tis; the mean is over the rows given here, so pass the whole
+    batch); see `MODE_OPTIONS` for defaults. The weights are detached. Metrics (python floats):
+    ``is_weight_mean`` / ``_min`` / ``_max`` over kept tokens (after normalisation), ``is_truncated_frac``
+    (valid tokens whose weight was capped), ``is_dropped_frac`` (valid tokens dropped),
+    ``is_dropped_seq_frac`` (non-empty rows with a dropped token) and, with ``normalize``,
+    ``is_batch_norm_factor`` (the mean the weights were divided by; 1.0 when it was <= 1e-8).
     """
     if mode not in ROLLOUT_CORRECTIONS:
         raise ValueError(
@@ -173,10 +221,17 @@ def rollout_correction_weights(
         inside = (row_mean >= math.log(opts["c_low"])) & (row_mean <= math.log(opts["c_high"]))
         keep = valid & inside.unsqueeze(-1)
         weights = ones
+    elif mode in ("seq_k3", "seq_max_k2"):
+        keep = valid & (_row_divergence(log_ratio, valid, mode) <= opts["threshold"]).unsqueeze(-1)
+        weights = ones
     else:
         weights = ones
     zero = torch.zeros((), dtype=dtype, device=log_ratio.device)
     weights = torch.where(keep, weights, zero).detach()
+    norm_metrics = {}
+    if opts.get(NORMALIZE):
+        weights, factor = _batch_normalized(weights, keep, per_sequence=mode == "seq_tis")
+        norm_metrics["is_batch_norm_factor"] = factor
 
     rows = valid.any(dim=-1)
     dropped = valid & ~keep
@@ -188,8 +243,43 @@ def rollout_correction_weights(
         "is_truncated_frac": _masked_mean(truncated.to(dtype), valid, empty=0.0),
         "is_dropped_frac": _masked_mean(dropped.to(dtype), valid, empty=0.0),
         "is_dropped_seq_frac": _masked_mean(dropped.any(dim=-1).to(dtype), rows, empty=0.0),
+        **norm_metrics,
     }
     return weights, keep, metrics
+
+
+def _row_divergence(log_ratio: torch.Tensor, valid: torch.Tensor, mode: str) -> torch.Tensor:
+    """Per row, verl's ``seq_mean_k3`` (mode seq_k3) or ``seq_max_k2`` statistic of ``log rho``; 0 on empty rows.
+
+    As verl's ``compute_rollout_rejection_mask``: ``log rho`` clamped to [-20, 20] first, k3 = rho - 1 - log rho,
+    k2 = (log rho)^2 / 2.
+    """
+    safe = log_ratio.clamp(min=-_SAFETY_BOUND, max=_SAFETY_BOUND)
+    zero = torch.zeros((), dtype=safe.dtype, device=safe.device)
+    if mode == "seq_k3":
+        k3 = torch.where(valid, torch.exp(safe) - 1.0 - safe, zero)
+        return k3.sum(dim=-1) / valid.sum(dim=-1).clamp(min=1).to(safe.dtype)
+    k2 = torch.where(valid, 0.5 * safe**2, zero)  # >= 0, so the padding's 0 never wins a non-empty row's max
+    return k2.amax(dim=-1)
+
+
+def _batch_normalized(
+    weights: torch.Tensor, keep: torch.Tensor, *, per_sequence: bool
+) -> tuple[torch.Tensor, float]:
+    """``weights / mean`` (verl ``rollout_is_batch_normalize``) and the mean; see "Normalisation" above.
+
+    Token level: the mean over kept tokens. Sequence level: the mean of the per-row weight over rows with a kept
+    token (every kept token of a row holds the row's weight). A mean <= 1e-8 leaves the weights as they are.
+    """
+    if per_sequence:
+        rows = keep.any(dim=-1)
+        values, count = weights.amax(dim=-1)[rows], rows.sum()  # a row's weight: every kept token holds it
+    else:
+        values, count = weights[keep], keep.sum()
+    mean = values.sum() / count.clamp(min=1).to(weights.dtype)
+    if not float(mean) > 1e-8:
+        return weights, 1.0
+    return weights / mean, float(mean)
 
 
 def rollout_mismatch_metrics(

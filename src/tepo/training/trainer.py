@@ -43,7 +43,7 @@ from tepo.config import (
 )
 from tepo.data import PromptStream
 from tepo.losses import get_policy_loss
-from tepo.losses.rollout_correction import DROPPING_CORRECTIONS, resolve_rollout_correction
+from tepo.losses.rollout_correction import correction_needs_old_pass, resolve_rollout_correction
 from tepo.metrics import MetricsLog, read_metrics, truncate_metrics
 from tepo.rewards import MathRewardPool
 from tepo.training.collect import Collected, OverlongShaping, SamplerSettings
@@ -190,13 +190,14 @@ class Trainer:
         # A separate pre-update pass is needed when the policy changes between updates of one rollout, or when the
         # estimator reads the pre-update policy; otherwise the single update's own forward pass is the old policy
         # (its ratio is exactly 1 in value, as in verl's on-policy shortcut).
-        # A correction that drops tokens must know them before the token counts are taken, and a loss with
-        # mini-batch statistics needs the pre-update log-probs of the whole mini-batch.
+        # A correction that drops tokens must know them before the token counts are taken (one that normalises its
+        # weights needs the whole batch's), and a loss with mini-batch statistics needs the pre-update log-probs of
+        # the whole mini-batch.
         needs = estimator_requires(c.algorithm.advantage, c.algorithm.advantage_options)
         self.needs_old_pass = (
             self.updates_per_step > 1
             or bool(needs & {"logp", "old_logp", "entropy"})
-            or mode in DROPPING_CORRECTIONS
+            or correction_needs_old_pass(mode, c.algorithm.rollout_correction_options)
             or get_policy_loss(c.algorithm.loss).needs_batch_stats
         )
 
