@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                 "models",
                 "rollout",
                 "lora",
+                "hub",
                 "metrics",
                 "checkpoint",
                 "batch",

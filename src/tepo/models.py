@@ -31,8 +31,9 @@ class ModelLoadError(ValueError):
 
 
 class ModelNotFoundError(ModelLoadError, FileNotFoundError):
-    """A model path (or the embedded model's package) that does not exist. Also a FileNotFoundError, so callers
-    catching either get it; the CLI reports it as one line like every other ModelLoadError."""
+    """A model path, a hub name that cannot be loaded from here, or the embedded model's package, that does not
+    exist. Also a FileNotFoundError, so callers catching either get it; the CLI reports it as one line like every
+    other ModelLoadError."""
 
 
 EMBEDDED_MODEL = "SmolLM2-135M-Instruct"
@@ -211,12 +212,21 @@ def load_model_and_tokenizer(
     from transformers.configuration_utils import PretrainedConfig
 
     source = resolve_model_path(name_or_path)
+    offline = None
+    if not Path(source).is_dir():  # a hub name: one quick probe first, so no route to the hub is said at once
+        from tepo.hub import check_hub
+
+        offline = check_hub()
     try:
         raw_config, _ = PretrainedConfig.get_config_dict(source)
     except OSError as err:
-        raise OSError(
+        from tepo.hub import offline_note
+
+        why = f"; {offline_note(offline)}" if offline else ""
+        # A ModelNotFoundError (an OSError too): the CLI prints it as one line, not a traceback.
+        raise ModelNotFoundError(
             f"could not read the config of model {source!r}: not a local model directory, and not loadable as "
-            f"a Hugging Face hub name from here ({err})"
+            f"a Hugging Face hub name from here ({' '.join(str(err).split())}{why})"
         ) from err
     if raw_config.get("auto_map") and not trust_remote_code:
         raise ModelLoadError(

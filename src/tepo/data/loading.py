@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tepo.data.problems import DataError, Problem
 from tepo.data.tasks import PROCEDURAL_TASKS, make_task_problems
+from tepo.hub import check_hub, offline_note
 
 
 def load_problems(
@@ -98,14 +99,18 @@ def _load_hub(
             f"{name!r} is not a file, a procedural task ({', '.join(PROCEDURAL_TASKS)}) or loadable: "
             "loading Hugging Face datasets by name needs `pip install 'tepo[hf-datasets]'`"
         ) from err
+    offline = (
+        check_hub()
+    )  # one quick probe: no route to the hub is said at once, not after a minute of retries
     try:
         rows = datasets.load_dataset(name, subset, split=split)
     except Exception as err:
         which = f"subset {subset!r}, split {split!r}" if subset else f"split {split!r}"
+        why = f" ({offline_note(offline)})" if offline else ""
         raise DataError(
             f"{name!r} is not a file, a procedural task ({', '.join(PROCEDURAL_TASKS)}) "
             f"or a Hugging Face dataset that could be loaded ({which}; data.subset names a dataset's "
-            f"configuration): {err}"
+            f"configuration): {err}{why}"
         ) from None
     return [
         _row_to_problem(row, f"{name}[{split}] row {i}", problem_field, answer_field, id_field, i)

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tepo.data import DataError, Problem, load_problems
+from tepo.hub import check_hub, offline_note
 
 DATA_DIR_ENV = "TEPO_DATA_DIR"
 
@@ -346,12 +347,16 @@ def _load_from_hub(bench: Benchmark, data_dir) -> list[Problem]:
             f"{where}, and loading {hub.dataset} from the Hugging Face hub needs "
             f"`pip install 'tepo[hf-datasets]'`; or {local_hint}"
         ) from err
+    offline = (
+        check_hub()
+    )  # one quick probe: no route to the hub is said at once, not after a minute of retries
     try:
         rows = datasets.load_dataset(hub.dataset, hub.config, split=hub.split)
     except Exception as err:
         if _hub_unreachable(err):
+            why = f"; {offline_note(offline)}" if offline else ""
             raise DataError(
-                f"{where}, and the Hugging Face hub could not be reached to load {hub.label()} ({err}); "
+                f"{where}, and the Hugging Face hub could not be reached to load {hub.label()} ({err}{why}); "
                 f"{local_hint}, or retry with network access (a loaded dataset is cached for offline use)"
             ) from None
         raise DataError(
