@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tepo.losses import compute_policy_loss, get_policy_loss, mini_batch_stats
+from tepo.losses import compute_policy_loss, mini_batch_stats, needs_mini_batch_stats
 from tepo.losses.rollout_correction import rollout_correction_weights
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, held_attention, release_free_heap, rows_logprobs
@@ -54,15 +54,21 @@ class RolloutCorrection:
     options: dict
 
 
-def _rows_logprobs_no_grad(model, batch: RolloutBatch, rows: Tensor, settings: LogprobSettings) -> Tensor:
-    """The current policy's log-probs ``[len(rows), T]`` of ``rows``, in micro-batches, without a graph."""
+def _rows_logprobs_no_grad(
+    model, batch: RolloutBatch, rows: Tensor, settings: LogprobSettings, *, entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """The current policy's log-probs ``[len(rows), T]`` of ``rows``, and with ``entropy`` its per-token entropy
+    (else None), in micro-batches, without a graph."""
     out = torch.zeros(len(rows), batch.response_len)
+    ent_out = torch.zeros_like(out) if entropy else None
     offset = 0
     for micro in rows.split(settings.micro_batch_size):
-        logp, _, cols = rows_logprobs(model, batch, micro, settings, entropy=False, grad=False)
+        logp, ent, cols = rows_logprobs(model, batch, micro, settings, entropy=entropy, grad=False)
         out[offset : offset + len(micro), cols] = logp.float()
+        if ent_out is not None:
+            ent_out[offset : offset + len(micro), cols] = ent.float()
         offset += len(micro)
-    return out
+    return out, ent_out
 
 
 def _columns(value: Tensor | None, micro: Tensor, cols: slice) -> Tensor | None:
@@ -103,13 +109,16 @@ def update_policy(
     that drop nothing. Either way a token's weight depends on its own row only, so micro-batching leaves the
     gradient unchanged.
 
-    Losses whose statistics span the mini-batch (``spec.needs_batch_stats``: the covariance losses) get them from
-    the mini-batch's current-policy log-probs: ``old_logp`` for the step's first update, else a no-grad pass over
-    the mini-batch at the current weights.
+    Losses whose statistics span the mini-batch (``spec.needs_batch_stats``: the covariance losses) and the
+    batch-wide token selections (``top_entropy_quantile``, ``m2po_threshold``) get them from the mini-batch's
+    current-policy log-probs (and entropy): ``old_logp`` / ``old_entropy`` for the step's first update, else a
+    no-grad pass over the mini-batch at the current weights. The sampler's ``batch.rollout_logp``, when the
+    backend returned it, reaches the loss as ``rollout_logp`` (the "behaviour" of DPPO, off_policy_mask, M2PO).
     """
     mask = batch.response_mask if loss_mask is None else loss_mask
     n = mask.shape[0]
-    needs_batch_stats = get_policy_loss(settings.loss).needs_batch_stats
+    needs_batch_stats = needs_mini_batch_stats(settings.loss, settings.loss_options)
+    needs_entropy = settings.loss_options.get("top_entropy_quantile") is not None
     sums, counts = defaultdict(float), defaultdict(float)
     grad_norms, skipped, updates = [], 0, 0
     token_entropy = torch.zeros_like(mask)
@@ -128,17 +137,21 @@ def update_policy(
             stats = None
             if needs_batch_stats:
                 first_update = updates + skipped == 0
-                current = (
-                    old_logp[rows]
-                    if first_update and old_logp is not None
-                    else _rows_logprobs_no_grad(model, batch, rows, logprob_settings)
-                )
+                if first_update and old_logp is not None and (old_entropy is not None or not needs_entropy):
+                    current = old_logp[rows]
+                    current_entropy = old_entropy[rows] if needs_entropy else None
+                else:
+                    current, current_entropy = _rows_logprobs_no_grad(
+                        model, batch, rows, logprob_settings, entropy=needs_entropy
+                    )
                 stats = mini_batch_stats(
                     settings.loss,
                     logp=current,
                     old_logp=current if old_logp is None else old_logp[rows],
                     advantages=advantages[rows],
                     mask=mask[rows],
+                    entropy=current_entropy,
+                    rollout_logp=_columns(batch.rollout_logp, rows, slice(None)),
                     **settings.loss_options,
                 )
             finite = True
@@ -175,6 +188,7 @@ def update_policy(
                     max_len=settings.max_len,
                     is_weights=token_weights,
                     batch_stats=None if stats is None else stats.rows(part, cols),
+                    rollout_logp=_columns(batch.rollout_logp, micro, cols),
                     **settings.loss_options,
                 )
                 if not torch.isfinite(loss):
