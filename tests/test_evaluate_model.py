@@ -206,6 +206,8 @@ def test_run_directory_model_argument(embedded_model_dir, tmp_path, capsys):
         "--no-progress",
         "--device",
         "cpu",
+        "--rollout",
+        "hf",  # this test is about loading a run directory; the vLLM engine has tests of its own
     ]
     assert main(argv) == 0
     printed = capsys.readouterr().out

@@ -448,3 +448,63 @@ def test_tepo_eval_with_the_vllm_engine(tmp_path, embedded_model_dir, capsys):
         s["responses"][0]["text"] for s in hf_samples
     ]
     assert all(s["responses"][0]["text"] for s in vllm_samples)
+
+
+@pytest.mark.model
+def test_a_batch_past_the_engines_step_budget_is_sampled_reproducibly(fp32_engine):
+    """Issue #23's crash, on the smallest batch that caused it: two seeded prompts that together exceed one engine
+    step's token budget. With chunked prefill (vLLM's default) the second prompt was prefilled in part, its sampled
+    token discarded and its CPU generator "rewound", which a CPU generator cannot do ("CPU Generator does not use
+    offset"). The server now keeps every prefill inside one step; the samples stay reproducible, and a prompt's
+    samples do not depend on what else was in the request (one generator per prompt)."""
+    limits = fp32_engine.engine_limits
+    budget = int(limits["max_num_batched_tokens"])  # 4096 on CPU, with chunked prefill or without
+    length = budget // 2 + 2  # one prompt fits a step, two do not
+    prompts = [[100 + (7 * i + 3 * j) % 5000 for j in range(length)] for i in range(2)]
+    kwargs = dict(num_samples=2, max_new_tokens=2, seed=11)
+    first = fp32_engine.generate(prompts, return_logprobs=True, **kwargs)
+    alone = fp32_engine.generate(prompts[:1], **kwargs)  # the same seed: the same samples for prompt 0
+    assert first.input_ids.shape[0] == 4 and first.prompt_len == length
+    assert alone.texts == first.texts[:2]
+    assert limits["chunked_prefill"] is False and budget >= fp32_engine.max_model_len
+    assert torch.isfinite(first.rollout_logp[first.response_mask.bool()]).all()
+
+
+def _crashing_server(tmp_path) -> str:
+    """An interpreter that dies as a broken vLLM install does, saying why on its last line."""
+    return _fake_python(
+        tmp_path,
+        "echo 'Traceback (most recent call last):'; echo 'ImportError: libfoo.so: cannot open shared object file'; exit 3",
+    )
+
+
+@pytest.mark.model
+def test_an_engine_failure_in_tepo_eval_is_one_line_naming_the_cause(
+    tmp_path, embedded_model_dir, monkeypatch, capsys
+):
+    """`tepo eval` whose engine dies: exit 1 and one line (what failed, the cause, the engine's log), no traceback;
+    --debug shows the traceback."""
+    from tepo.cli import main
+
+    monkeypatch.setenv("TEPO_VLLM_PYTHON", _crashing_server(tmp_path))
+    bench = tmp_path / "easy.jsonl"
+    bench.write_text(json.dumps({"problem": "What is 2+3?", "answer": "5"}) + "\n")
+    argv = [
+        "eval",
+        "--bench",
+        str(bench),
+        "--rollout",
+        "vllm",
+        "--no-progress",
+        "--output-dir",
+        str(tmp_path / "o"),
+    ]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("tepo: error: the vLLM server exited with code 3 during start-up")
+    assert (
+        "ImportError: libfoo.so: cannot open shared object file" in err[-1] and "the engine's log:" in err[-1]
+    )
+    assert not any("Traceback" in line for line in err)
+    with pytest.raises(VLLMServerError, match="exited with code 3"):
+        main([*argv, "--debug"])

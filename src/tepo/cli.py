@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("estimators", help="list the advantage estimators").set_defaults(func=_cmd_estimators)
     sub.add_parser("presets", help="list the configuration presets").set_defaults(func=_cmd_presets)
     _register_optional(sub)
+    for command in sub.choices.values():
+        command.add_argument(
+            "--debug",
+            action="store_true",
+            help="show the Python traceback of an error (without it an error is one line)",
+        )
     return parser
 
 
@@ -141,11 +147,19 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as err:
         from tepo.checkpoint import CheckpointError
+        from tepo.rollout.base import RolloutError
         from tepo.training import TrainingStopped
 
-        if not isinstance(err, (TrainingStopped, CheckpointError)):
+        if getattr(args, "debug", False) or not isinstance(
+            err, (TrainingStopped, CheckpointError, RolloutError)
+        ):
             raise
-        print(f"tepo: error: {err}", file=sys.stderr)
+        if isinstance(err, RolloutError):
+            # The engine's traceback is in its log and behind --debug; the run's checkpoints and metrics are intact.
+            resume = " (resume with `tepo train --resume RUN_DIR`)" if args.command == "train" else ""
+            print(f"tepo: error: {err.summary()}{resume}", file=sys.stderr)
+        else:
+            print(f"tepo: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\ninterrupted: resume with `tepo train --resume RUN_DIR`", file=sys.stderr)

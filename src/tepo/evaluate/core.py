@@ -31,6 +31,16 @@ class ProblemResult:
         return len(self.verdicts)
 
 
+def engine_batch_prompts(backend, num_samples: int, default: int) -> int:
+    """Prompts per generate call that keep ``backend`` at its throughput: an engine that schedules requests itself
+    (vLLM: continuous batching) says how many rows it runs at once (``preferred_batch_rows``), and is fed that many
+    rows per call; a backend without one (HF ``generate`` pads a call into one dense batch) keeps ``default``."""
+    rows = getattr(backend, "preferred_batch_rows", None)
+    if not rows:
+        return default
+    return max(1, int(rows) // max(1, int(num_samples)))
+
+
 def score_problems(
     backend,
     tokenizer,

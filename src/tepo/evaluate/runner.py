@@ -30,10 +30,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from tepo.data import Problem
-from tepo.evaluate.core import score_problems
+from tepo.evaluate.core import engine_batch_prompts, score_problems
 from tepo.evaluate.metrics import benchmark_metrics
 from tepo.evaluate.samples import SAMPLES_FILE, append_samples, problem_record, read_samples
 from tepo.evaluate.settings import DEFAULT_PASS_K, EvalError, EvalSetting
+from tepo.rollout.base import RolloutError
 
 SETTINGS_FILE = "eval_settings.json"
 RESULTS_FILE = "results.json"
@@ -191,7 +192,7 @@ def evaluate_benchmarks(
     *,
     model_info: dict,
     pool=None,
-    batch_size: int = 8,
+    batch_size: int | None = 8,
     pass_k: Sequence[int] = DEFAULT_PASS_K,
     reward_workers: int = 2,
     reward_timeout_s: float = 10.0,
@@ -207,8 +208,8 @@ def evaluate_benchmarks(
     """
     from tepo.rewards import MathRewardPool
 
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise EvalError(f"batch size must be an integer >= 1, got {batch_size!r}")
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise EvalError(f"batch size must be an integer >= 1 (or None: the engine's), got {batch_size!r}")
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise EvalError(f"each benchmark may appear once, got {names}")
@@ -241,26 +242,35 @@ def evaluate_benchmarks(
                 )
             bar = stack.enter_context(_progress_bar(task, len(done), progress))
             correct = [r["num_correct"] / r["num_samples"] for r in done.values()]
+            # None: as many prompts as keep the engine at its throughput (all its rows busy), 8 for HF generate.
+            samples_per_prompt = 1 if task.setting.greedy else task.setting.num_samples
+            task_batch = batch_size or engine_batch_prompts(backend, samples_per_prompt, default=8)
             batches: dict[int, list[int]] = {}
             for i in todo:
-                batches.setdefault(i // batch_size, []).append(i)
+                batches.setdefault(i // task_batch, []).append(i)
             for batch_index, indices in batches.items():
                 s = task.setting
-                scored = score_problems(
-                    backend,
-                    tokenizer,
-                    [task.problems[i] for i in indices],
-                    pool,
-                    instruction=s.instruction,
-                    num_samples=s.num_samples,
-                    greedy=s.greedy,
-                    max_new_tokens=s.max_new_tokens,
-                    temperature=s.temperature if not s.greedy else 1.0,
-                    top_p=s.top_p,
-                    seed=s.seed + batch_index,
-                    batch_prompts=batch_size,
-                    answer_format=s.answer_format,
-                )
+                try:
+                    scored = score_problems(
+                        backend,
+                        tokenizer,
+                        [task.problems[i] for i in indices],
+                        pool,
+                        instruction=s.instruction,
+                        num_samples=s.num_samples,
+                        greedy=s.greedy,
+                        max_new_tokens=s.max_new_tokens,
+                        temperature=s.temperature if not s.greedy else 1.0,
+                        top_p=s.top_p,
+                        seed=s.seed + batch_index,
+                        batch_prompts=task_batch,
+                        answer_format=s.answer_format,
+                    )
+                except RolloutError as err:
+                    # Finished batches are in samples.jsonl already: the same command resumes after them.
+                    raise err.add_context(
+                        f"{task.name} problems {indices[0] + 1}-{indices[-1] + 1} of {len(task.problems)}"
+                    ) from None
                 new = [
                     problem_record(task.name, i, result) for i, result in zip(indices, scored, strict=True)
                 ]

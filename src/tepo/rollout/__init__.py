@@ -23,6 +23,7 @@ __all__ = [
     "HFRollout",
     "RolloutBackend",
     "RolloutBatch",
+    "RolloutError",
     "choose_rollout_backend",
     "make_rollout",
     "make_rollout_from_config",
@@ -36,6 +37,7 @@ __all__ = [
 _LAZY = {
     "RolloutBackend": "tepo.rollout.base",
     "RolloutBatch": "tepo.rollout.base",
+    "RolloutError": "tepo.rollout.base",
     "HFRollout": "tepo.rollout.hf",
 }
 

@@ -2,10 +2,64 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
+
+
+class RolloutError(RuntimeError):
+    """A generation engine failed (it could not start, died, or failed a request).
+
+    ``str(err)`` is the whole story (for a traceback with ``--debug``); :meth:`summary` is the one line the command
+    line prints: what was being generated (``context``, innermost last: e.g. ["step 3's rollout", "16 prompts x 8
+    samples, ..."]), the cause (the last line of the engine's own error) and where its log is.
+    """
+
+    def __init__(self, message: str, *, cause: str | None = None, log_path=None):
+        super().__init__(message)
+        self.cause = cause
+        self.log_path = log_path
+        self.context: list[str] = []
+
+    def add_context(self, what: str) -> RolloutError:
+        """Say what was being done one level further out (the caller knows the step, the backend the batch)."""
+        self.context.insert(0, what)
+        return self
+
+    def summary(self) -> str:
+        head = str(self.args[0]).split("\n", 1)[0].rstrip(" :;")
+        where = f" while generating {'; '.join(self.context)}" if self.context else ""
+        cause = f": {self.cause}" if self.cause and self.cause not in head else ""
+        # A temporary log is removed with its engine: name only one that is still there to read.
+        log = (
+            f" (the engine's log: {self.log_path})" if self.log_path and os.path.exists(self.log_path) else ""
+        )
+        return f"{head}{where}{cause}{log}"
+
+
+def last_error_line(text: str) -> str | None:
+    """The line of a traceback (or a log's tail) that says what went wrong: the last ``SomeError: ...`` line, else
+    the last non-empty one."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    for line in reversed(lines):
+        name = line.split(":", 1)[0]
+        if ":" in line and name.replace(".", "").isidentifier() and name.endswith(("Error", "Exception")):
+            return line
+    return lines[-1] if lines else None
+
+
+def describe_request(prompt_ids, num_samples: int, max_new_tokens: int) -> str:
+    """``16 prompts x 8 samples, 2312 prompt tokens (longest 180), up to 128 new tokens``: what a failed generate
+    was asked for."""
+    lengths = [len(p) for p in prompt_ids]
+    return (
+        f"{len(lengths)} prompts x {num_samples} samples, {sum(lengths)} prompt tokens "
+        f"(longest {max(lengths, default=0)}), up to {max_new_tokens} new tokens"
+    )
 
 
 @dataclass
@@ -18,7 +72,8 @@ class RolloutBatch:
     ``response_mask`` is 1 on response tokens up to and including the first EOS and 0 after it; tokens after it
     are the pad token and have ``attention_mask`` 0. ``rollout_logp`` ([N, T], 0 where masked) is filled only
     when the backend was asked for it (``return_logprobs=True``): the sampler's own log-probabilities.
-    All tensors are on the CPU, whatever device generated them.
+    A backend returns every tensor on the CPU, whatever device generated them; the trainer moves the batch to its
+    device once per step (:meth:`to`).
     """
 
     input_ids: Tensor  # long [N, P+T]
@@ -67,6 +122,17 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
+
+    def to(self, device) -> RolloutBatch:
+        """The batch with its tensors on ``device`` (itself when they are there already: no copy on the CPU)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        moved = {
+            name: getattr(self, name).to(device)
+            for name in ("input_ids", "attention_mask", "response_mask", "prompt_index", "truncated")
+        }
+        logp = None if self.rollout_logp is None else self.rollout_logp.to(device)
+        return dataclasses.replace(self, **moved, rollout_logp=logp)
 
 
 @runtime_checkable
@@ -191,8 +257,6 @@ def batch_from_responses(
     ``responses[i]`` is row ``i``'s sampled tokens (rows grouped by prompt: ``num_samples`` per prompt). A row
     ends at its first EOS (kept, masked in); anything after it is dropped. A row with no EOS is truncated.
     """
-    import torch
-
     rows = [list(map(int, p)) for p in prompt_ids for _ in range(num_samples)]
     if len(responses) != len(rows):
         raise ValueError(
@@ -207,28 +271,29 @@ def batch_from_responses(
     prompt_width = max(map(len, rows))
     response_len = max(1, max(map(len, cut)))
     n = len(rows)
-    input_ids = torch.full((n, prompt_width + response_len), pad_token_id, dtype=torch.long)
+    host = "cpu"  # a RolloutBatch is returned on the CPU (see its docstring)
+    input_ids = torch.full((n, prompt_width + response_len), pad_token_id, dtype=torch.long, device=host)
     attention_mask = torch.zeros_like(input_ids)
-    response_mask = torch.zeros(n, response_len)
-    rollout_logp = torch.zeros(n, response_len) if rollout_logps is not None else None
+    response_mask = torch.zeros(n, response_len, device=host)
+    rollout_logp = torch.zeros(n, response_len, device=host) if rollout_logps is not None else None
     for i, (prompt, tokens) in enumerate(zip(rows, cut)):
-        input_ids[i, prompt_width - len(prompt) : prompt_width] = torch.tensor(prompt)
+        input_ids[i, prompt_width - len(prompt) : prompt_width] = torch.tensor(prompt, device=host)
         attention_mask[i, prompt_width - len(prompt) : prompt_width] = 1
         if tokens:
-            input_ids[i, prompt_width : prompt_width + len(tokens)] = torch.tensor(tokens)
+            input_ids[i, prompt_width : prompt_width + len(tokens)] = torch.tensor(tokens, device=host)
             attention_mask[i, prompt_width : prompt_width + len(tokens)] = 1
             response_mask[i, : len(tokens)] = 1
             if rollout_logp is not None and rollout_logps[i] is not None:
-                rollout_logp[i, : len(tokens)] = torch.tensor(rollout_logps[i][: len(tokens)])
+                rollout_logp[i, : len(tokens)] = torch.tensor(rollout_logps[i][: len(tokens)], device=host)
     texts = tokenizer.batch_decode(cut, skip_special_tokens=True)
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         response_mask=response_mask,
         response_len=response_len,
-        prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(num_samples),
+        prompt_index=torch.arange(len(prompt_ids), device=host).repeat_interleave(num_samples),
         texts=texts,
-        truncated=torch.tensor(truncated),
+        truncated=torch.tensor(truncated, device=host),
         gen_seconds=gen_seconds,
         num_generated_tokens=int(response_mask.sum()),
         rollout_logp=rollout_logp,

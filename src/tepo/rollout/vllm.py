@@ -42,7 +42,15 @@ from pathlib import Path
 
 import torch
 
-from tepo.rollout.base import RolloutBatch, batch_from_responses, check_generate_request, eos_token_ids
+from tepo.rollout.base import (
+    RolloutBatch,
+    RolloutError,
+    batch_from_responses,
+    check_generate_request,
+    describe_request,
+    eos_token_ids,
+    last_error_line,
+)
 
 SERVER_SCRIPT = Path(__file__).with_name("vllm_server.py")
 VENV_NAME = ".venv-vllm"
@@ -83,7 +91,7 @@ def sweep_orphaned_weight_dirs(root: Path) -> list[Path]:
     return removed
 
 
-class VLLMServerError(RuntimeError):
+class VLLMServerError(RolloutError):
     """The vLLM server could not start, died, or failed a request (the message has the end of its log)."""
 
 
@@ -308,6 +316,10 @@ class VLLMRollout:
         self._drop_weights_file()
         self.engine_version = ready.get("vllm")
         self.startup_seconds = float(ready.get("seconds", 0.0))
+        self.preferred_batch_rows = int(ready.get("max_num_seqs") or self.preferred_batch_rows)
+        self.engine_limits = {
+            k: ready.get(k) for k in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill")
+        }
 
     # ---- the registry's hooks (tepo.rollout.registry) ---------------------------------------------------------
 
@@ -381,21 +393,24 @@ class VLLMRollout:
             )
         start = time.perf_counter()
         self.last_sync_seconds = 0.0
-        self.sync_weights()
-        reply = self._call(
-            {
-                "cmd": "generate",
-                "prompts": [list(map(int, p)) for p in prompt_ids],
-                "n": num_samples,
-                "max_tokens": max_new_tokens,
-                "temperature": float(temperature),
-                "top_p": float(top_p),
-                "greedy": bool(greedy),
-                "seed": None if seed is None else int(seed),
-                "logprobs": bool(return_logprobs),
-                "stop_token_ids": self.eos_token_ids,
-            }
-        )
+        try:
+            self.sync_weights()
+            reply = self._call(
+                {
+                    "cmd": "generate",
+                    "prompts": [list(map(int, p)) for p in prompt_ids],
+                    "n": num_samples,
+                    "max_tokens": max_new_tokens,
+                    "temperature": float(temperature),
+                    "top_p": float(top_p),
+                    "greedy": bool(greedy),
+                    "seed": None if seed is None else int(seed),
+                    "logprobs": bool(return_logprobs),
+                    "stop_token_ids": self.eos_token_ids,
+                }
+            )
+        except VLLMServerError as err:
+            raise err.add_context(describe_request(prompt_ids, num_samples, max_new_tokens)) from None
         responses, logps = [], []
         for samples in reply["outputs"]:
             if len(samples) != num_samples:
@@ -421,6 +436,10 @@ class VLLMRollout:
         self._stale = True
 
     overlaps_training = True  # the engine runs in a process of its own (rollout.async_steps)
+    # Rows the engine runs concurrently (vLLM's max_num_seqs, as the server reports it at start; 256 on CPU):
+    # callers that can (held-out evaluation, `tepo eval`) send this many rows per generate, so that continuous
+    # batching keeps every slot busy.
+    preferred_batch_rows = 256
 
     def stage_weights(self) -> float:
         """Write the model's weights for the engine now, if they changed; until :meth:`end_staging`, ``generate``
@@ -516,12 +535,12 @@ class VLLMRollout:
 
     def _call(self, request: dict) -> dict:
         if self._proc is None or self._proc.poll() is not None or self._requests is None:
-            raise VLLMServerError(f"the vLLM server is not running{self._log_tail()}")
+            raise self._died("the vLLM server is not running")
         try:
             self._requests.write(json.dumps(request) + "\n")
             self._requests.flush()
         except (BrokenPipeError, ValueError) as err:
-            raise VLLMServerError(f"the vLLM server went away ({err}){self._log_tail()}") from None
+            raise self._died(f"the vLLM server went away ({err})") from None
         return self._read_reply(self.request_timeout_s, what=request["cmd"])
 
     def _read_reply(self, timeout_s: float, *, what: str) -> dict:
@@ -536,21 +555,24 @@ class VLLMRollout:
             ready, _, _ = select.select([self._replies_fd], [], [], min(left, 1.0))
             if not ready:
                 if self._proc.poll() is not None:
-                    raise VLLMServerError(
-                        f"the vLLM server exited with code {self._proc.returncode} during {what}{self._log_tail()}"
+                    raise self._died(
+                        f"the vLLM server exited with code {self._proc.returncode} during {what}"
                     )
                 continue
             chunk = os.read(self._replies_fd, 1 << 20)
             if not chunk:
                 code = self._proc.wait(timeout=30)
-                raise VLLMServerError(
-                    f"the vLLM server exited with code {code} during {what}{self._log_tail()}"
-                )
+                raise self._died(f"the vLLM server exited with code {code} during {what}")
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         reply = json.loads(line)
         if not reply.get("ok"):
-            raise VLLMServerError(f"the vLLM server failed {what}:\n{reply.get('error', reply)}")
+            error = str(reply.get("error", reply))
+            raise VLLMServerError(
+                f"the vLLM server failed {what}:\n{error}",
+                cause=last_error_line(error),
+                log_path=self._log_path,
+            )
         return reply
 
     def _log_tail(self, lines: int = 25) -> str:
@@ -559,6 +581,13 @@ class VLLMRollout:
         except OSError:
             return ""
         return f"; the end of its log ({self._log_path}):\n" + "\n".join(text)
+
+    def _died(self, message: str) -> VLLMServerError:
+        """The error for a server that is gone: the message with its log's tail, the tail's last error as cause."""
+        tail = self._log_tail()
+        return VLLMServerError(
+            message + tail, cause=last_error_line(tail) if tail else None, log_path=self._log_path
+        )
 
 
 def _stop(proc: subprocess.Popen, weights_dir: Path, temporary_log: Path | None) -> None:

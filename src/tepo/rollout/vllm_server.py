@@ -63,6 +63,31 @@ def _sampling_params(request: dict, prompt_number: int):
     )
 
 
+def _whole_prefill_settings(max_model_len: int) -> dict:
+    """Engine settings that keep every request's prefill inside one engine step, on the CPU platform only.
+
+    Why: tepo seeds every sampled request (one ``torch.Generator`` per prompt, see :func:`_sampling_params`). When
+    chunked prefill splits a prompt over several engine steps, vLLM still samples a token for it at the end of each
+    partial step and discards it, rewinding the request's generator by its Philox offset
+    (``GPUModelRunner._bookkeeping_sync``: ``gen.set_offset(gen.get_offset() - 4)``). A CPU generator (Mersenne
+    Twister) has no offset, so vLLM 0.32's CPU runner raises "CPU Generator does not use offset" for any batch whose
+    prompts exceed the step's token budget (``max_num_batched_tokens``, 4096 on CPU): 16 GSM8K prompts x 8 samples
+    already do. With chunked prefill off, vLLM's scheduler schedules a waiting request only when its whole prompt
+    fits in what is left of the step's budget (``Scheduler.schedule``: "If chunked_prefill is disabled, we can stop
+    the scheduling here"), and a budget of at least ``max_model_len`` lets any single request fit: no request is
+    ever partially prefilled, so nothing is discarded and nothing needs rewinding. The other fixes were worse:
+    unseeded requests lose reproducibility (a resumed run would not sample what it would have), and splitting what
+    tepo sends into waves only moves the budget problem to tepo. The cost, measured by
+    ``benchmarks/bench_scaling.py``, is that a step with a long prefill is not mixed with decoding tokens.
+    On a GPU, generators have offsets and chunked prefill stays as vLLM sets it.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(max_model_len), 4096)}
+
+
 def _generate(llm, request: dict) -> dict:
     prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in request["prompts"]]
     params = [_sampling_params(request, i) for i in range(len(prompts))]
@@ -134,6 +159,7 @@ def _serve(args) -> int:
         from vllm import LLM
 
         llm = LLM(
+            **_whole_prefill_settings(args.max_model_len),
             model=args.model,
             dtype=args.dtype,
             max_model_len=args.max_model_len,
@@ -152,7 +178,19 @@ def _serve(args) -> int:
     except Exception:
         reply({"ok": False, "error": traceback.format_exc()})
         return 1
-    reply({"ok": True, "ready": True, "vllm": vllm.__version__, "seconds": time.perf_counter() - start})
+    scheduler = llm.llm_engine.vllm_config.scheduler_config
+    reply(
+        {
+            "ok": True,
+            "ready": True,
+            "vllm": vllm.__version__,
+            "seconds": time.perf_counter() - start,
+            # The engine's per-step limits: how many rows to send at once (tepo.rollout.vllm.preferred_batch_rows).
+            "max_num_seqs": int(scheduler.max_num_seqs),
+            "max_num_batched_tokens": int(scheduler.max_num_batched_tokens),
+            "chunked_prefill": bool(scheduler.enable_chunked_prefill),
+        }
+    )
 
     handlers = {"generate": _generate, "reload": _reload}
     for line in requests:
@@ -170,7 +208,9 @@ def _serve(args) -> int:
                 )
             reply(handlers[command](llm, request))
         except Exception:
-            reply({"ok": False, "error": traceback.format_exc()})
+            error = traceback.format_exc()
+            print(error, file=sys.stderr, flush=True)  # the server's log keeps the whole traceback
+            reply({"ok": False, "error": error})
     return 0
 
 

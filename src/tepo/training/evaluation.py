@@ -16,6 +16,7 @@ from tepo.config import RunConfig
 from tepo.data import Problem
 from tepo.evaluate import accuracy, score_problems
 from tepo.evaluate.benchmarks import benchmark_names
+from tepo.evaluate.core import engine_batch_prompts
 from tepo.evaluate.settings import BENCHMARK_INSTRUCTION, DEFAULT_ANSWER_FORMAT
 
 
@@ -63,6 +64,9 @@ def evaluate_held_out(rollout, tokenizer, problems: Sequence[Problem], pool, con
                 pool,
                 **common,
                 **kwargs,
+                # vLLM gets the whole held-out set in one call (16 prompts a call left it mostly idle); HF generate
+                # keeps 16-prompt batches.
+                batch_prompts=engine_batch_prompts(rollout, kwargs.get("num_samples", 1), default=16),
                 on_batch=lambda chunk: bar.update(len(chunk)),
             )
             out[f"eval_{name}_accuracy"] = accuracy(results)
