@@ -181,6 +181,37 @@ def test_adapter_loss_and_grad_equal_compute_policy_loss(fixed_trainer, name, op
     assert "tepo/clip_frac_high" in logged and "tepo/approx_kl" in logged and "tepo/entropy" in logged
 
 
+def test_sampler_logps_reach_the_loss_as_rollout_logp(fixed_trainer):
+    # TRL's sampling_per_token_logps (vLLM's own log-probs) are the behaviour policy of dppo_tv's mask; a NaN
+    # (a token vLLM could not score) falls back to pi_old.
+    trainer = fixed_trainer
+    trainer.model.train()
+    batch = _fixed_batch(trainer, seed=3)
+    batch["tepo_num_tokens"], batch["tepo_num_seqs"] = 20.0, 4.0
+    sampler = batch["old_per_token_logps"] + torch.linspace(
+        -2.0, 2.0, batch["old_per_token_logps"].numel()
+    ).view(batch["old_per_token_logps"].shape)
+    rollout = sampler.clone()
+    sampler[0, 0] = float("nan")
+    rollout[0, 0] = batch["old_per_token_logps"][0, 0]
+    batch["sampling_per_token_logps"] = sampler
+    options = {"delta_low": 1e-4, "delta_high": 1e-4}
+    saved = (trainer.loss_name, trainer.loss_options)
+    trainer.loss_name, trainer.loss_options = "dppo_tv", options
+    try:
+        got, got_grad = _loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, batch))
+    finally:
+        trainer.loss_name, trainer.loss_options = saved
+    want, want_grad = _loss_and_grad(
+        trainer,
+        lambda: _reference(trainer, batch, "dppo_tv", 20.0, num_seqs=4.0, rollout_logp=rollout, **options),
+    )
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-8)
+    assert_grads_close(got_grad, want_grad)
+    without = _reference(trainer, batch, "dppo_tv", 20.0, num_seqs=4.0, **options)
+    assert without.item() != pytest.approx(got.item(), rel=1e-3)  # the sampler's mask changed the loss
+
+
 def test_trl_sequence_dapo_equals_tepo(fixed_trainer):
     """TRL's importance_sampling_level="sequence" + loss_type="dapo" (symmetric eps 0.2) is TEPO v1: same value and
     gradient as our ``tepo`` on the same micro-batch, with TRL's own normaliser (no window counts passed)."""

@@ -374,6 +374,12 @@ class TepoGRPOTrainer(GRPOTrainer):
         options = dict(self.loss_options)
         options.setdefault("num_seqs", num_seqs)
         is_weights = self._sampler_is_weights(inputs, logps)
+        # vLLM's own log-probs (TRL stores them with use_vllm): the "behaviour" policy of dppo_tv / dppo_kl,
+        # off_policy_mask and m2po_threshold. A token vLLM could not score is NaN there: no evidence of drift, so
+        # its behaviour is pi_old's.
+        rollout_logp = inputs.get("sampling_per_token_logps")
+        if rollout_logp is not None:
+            rollout_logp = torch.where(torch.isnan(rollout_logp), old_logps.detach(), rollout_logp)
         loss, metrics = compute_policy_loss(
             self.loss_name,
             logp=logps,
@@ -385,6 +391,7 @@ class TepoGRPOTrainer(GRPOTrainer):
             old_entropy=old_entropy,
             num_tokens=num_tokens,
             is_weights=is_weights,
+            rollout_logp=rollout_logp,
             **options,
         )
         mode = "train" if self.model.training else "eval"

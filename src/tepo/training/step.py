@@ -14,6 +14,7 @@ import time
 import torch
 
 from tepo.advantages import compute_advantages
+from tepo.lora import scoring
 from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
 from tepo.metrics.tokens import record_rollout_tokens, response_token_strings
 from tepo.rewards.shaping import mask_truncated
@@ -80,7 +81,8 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
     if parts.needs_old_pass:
         old_logp, old_entropy = batch_logprobs(parts.model, batch, parts.logprob_settings, entropy=True)
     if parts.ref_model is not None:
-        ref_logp, _ = batch_logprobs(parts.ref_model, batch, parts.logprob_settings, entropy=False)
+        with scoring(parts.ref_model) as reference:  # a frozen copy, or the LoRA policy with its adapters off
+            ref_logp, _ = batch_logprobs(reference, batch, parts.logprob_settings, entropy=False)
     logprob_seconds = time.perf_counter() - start
     row["logprob_seconds"] = logprob_seconds
     row["logprob_tokens_per_s"] = float(mask.sum()) / logprob_seconds if logprob_seconds > 0.01 else None

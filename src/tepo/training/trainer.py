@@ -110,10 +110,9 @@ class Trainer:
         self.model, self.tokenizer = load_model_and_tokenizer(
             c.model.name, trust_remote_code=c.model.trust_remote_code
         )
+        # The reference policy: a frozen copy of the model, or with LoRA the policy with its adapters off.
         self.ref_model = None
-        if needs_reference_model(c.algorithm):
-            # With LoRA: a copy of the base model, taken before the adapters go in (exactly the initial policy,
-            # since LoRA's B starts at zero).
+        if needs_reference_model(c.algorithm) and c.model.lora.rank <= 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         if c.model.lora.rank > 0:
             from tepo.lora import LoraTargetError, apply_lora
@@ -124,6 +123,12 @@ class Trainer:
                 raise ConfigError(str(err)) from None
             trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             log(f"LoRA rank {c.model.lora.rank}: training {trained:,} adapter parameters")
+            if needs_reference_model(c.algorithm):
+                from tepo.lora import AdaptersOff
+
+                # The base model with the adapters switched off is the initial policy (B starts at zero):
+                # no second copy of the model (tepo.lora.AdaptersOff).
+                self.ref_model = AdaptersOff(self.model)
         self.model.train()  # no dropout in the supported models (but LoRA's, model.lora.dropout)
         if c.model.gradient_checkpointing:
             _enable_activation_checkpointing(self.model)
