@@ -1,0 +1,157 @@
+"""The cases behind docs/parity.md: per name, what TRL and verl compute, what tepo computes, the settings that
+make them agree, the differences, and the test that shows it (equality at float64, or the documented difference).
+
+docs/parity.md is generated from `ROWS` (``python tests/parity_rows.py > docs/parity.md``);
+tests/test_parity_doc.py fails when the page is stale or when a row names a test that does not exist. Add a row
+with each parity test; keep the cells short (the test's docstring holds the detail).
+"""
+
+from __future__ import annotations
+
+FIELDS = ("name", "trl", "verl", "tepo", "agree", "differences", "tests")
+HEADERS = ("name", "TRL 1.16", "verl 0.9.1", "tepo", "settings that make them agree", "differences", "test")
+
+_TRL_KL = "tests/test_parity_trl_estimators.py"
+_VERL = (
+    "tests/test_integration_verl_estimators.py::test_verl_estimators_rejections_and_normalisation_equal_ours"
+)
+
+ROWS: list[dict] = [
+    {
+        "name": "`k3_unbiased` (KL)",
+        "trl": "`beta > 0`, `use_bias_correction_kl=True` (the default): `k3 * coef_1`, gradient through `coef_1`",
+        "verl": "none (its `kl_loss_type` has no ratio-corrected k3)",
+        "tepo": "`kl_estimator: k3_unbiased`: `exp(logp - old) * k3`, gradient through the ratio",
+        "agree": "TRL `importance_sampling_level=token`, `loss_type=bnpo`, eps 0.2/0.28 = tepo `dapo`, "
+        "eps 0.2/0.28, `kl_coef=beta`",
+        "differences": "TRL `importance_sampling_level=sequence` weights k3 by the sequence ratio `s_i`: the loss "
+        "differs by `beta * sum m * k3 * (s_i - r_t) / T_tot` (asserted)",
+        "tests": [
+            f"{_TRL_KL}::test_kl_estimator_equals_trls_kl",
+            f"{_TRL_KL}::test_sequence_level_trl_weights_its_kl_by_the_sequence_ratio",
+        ],
+    },
+    {
+        "name": "`k3` (KL)",
+        "trl": "`beta > 0`, `use_bias_correction_kl=False`",
+        "verl": "`kl_loss_type: k3` / `low_var_kl`",
+        "tepo": "`kl_estimator: k3`: `exp(ref - logp) - (ref - logp) - 1`",
+        "agree": "TRL as for `k3_unbiased` with `use_bias_correction_kl=False`; verl as is",
+        "differences": "verl clamps `ref - logp` to [-20, 20] and k3 to [-10, 10]; tepo does not clamp "
+        "(equal inside, asserted outside)",
+        "tests": [f"{_TRL_KL}::test_kl_estimator_equals_trls_kl", _VERL],
+    },
+    {
+        "name": "`k1`, `k2` (KL)",
+        "trl": "none",
+        "verl": "`kl_loss_type: k1` / `kl`, `k2` / `mse`",
+        "tepo": "`kl_estimator: k1` (`logp - ref`), `k2` (`(logp - ref)^2 / 2`)",
+        "agree": "as is",
+        "differences": "none",
+        "tests": [_VERL],
+    },
+    {
+        "name": "`k1+`, `k2+`, `k3+` (KL)",
+        "trl": "none",
+        "verl": "`kl_loss_type: k1+` etc.: value of k1/k2/k3, gradient of k2 (straight-through)",
+        "tepo": "`kl_estimator: k1+` etc.: the same",
+        "agree": "as is",
+        "differences": "`k3+` carries verl's k3 clamp (see `k3`)",
+        "tests": [_VERL],
+    },
+    {
+        "name": "`grpo_batch_std` (advantage)",
+        "trl": "`scale_rewards=batch`: `(R - mean_g R) / (std_batch R + 1e-4)`, unbiased std",
+        "verl": "none",
+        "tepo": "`advantage: grpo_batch_std`: the same with `eps` 1e-6 (as `grpo`)",
+        "agree": "`advantage_options.eps: 1e-4`",
+        "differences": "the constant: default results differ by `(std + 1e-4) / (std + 1e-6)` (asserted)",
+        "tests": [f"{_TRL_KL}::test_grpo_batch_std_equals_trls_batch_scaled_advantage"],
+    },
+    {
+        "name": "`maxrl` (advantage)",
+        "trl": "none",
+        "verl": "none",
+        "tepo": "`advantage: maxrl`: `(R - mean_g R) / (mean_g R + 1e-6)`, 0 when the mean is 0",
+        "agree": "no framework ships it: closed-form tests only",
+        "differences": "refuses negative rewards",
+        "tests": ["tests/test_advantages_2026.py::test_maxrl_hand_values"],
+    },
+    {
+        "name": "`opo` (advantage)",
+        "trl": "none",
+        "verl": "`adv_estimator: opo`: `R - sum_j L_j R_j / sum_j L_j` per `index` group",
+        "tepo": "`advantage: opo`: the same over contiguous groups, `L_j = sum_t mask`",
+        "agree": "the G responses of a prompt in contiguous rows (tepo's batch layout), G >= 2",
+        "differences": "G = 1: verl A = R, tepo 0; a group of empty responses: verl NaN, tepo the plain mean",
+        "tests": [_VERL, "tests/test_advantages_2026.py::test_opo_zero_groups_and_empty_responses"],
+    },
+    {
+        "name": "`seq_k3` (rollout rejection)",
+        "trl": "none",
+        "verl": "`rollout_rs: seq_mean_k3` (preset `decoupled_k3_rs`, threshold 0.01)",
+        "tepo": "`rollout_correction: seq_k3`, `threshold` 0.01: drop a row whose mean k3 of `old - rollout_logp` "
+        "exceeds it",
+        "agree": "the same threshold; verl decoupled mode (tepo compares the sampler with pi_old once per batch)",
+        "differences": "verl's mean divides by `count + 1e-8` (a row at the threshold can fall differently); "
+        "verl's bypass mode (against the current policy, per micro-batch) has no tepo equal",
+        "tests": [
+            _VERL,
+            "tests/test_correction_rejections.py::test_seq_k3_drops_rows_by_their_mean_token_k3",
+        ],
+    },
+    {
+        "name": "`seq_max_k2` (rollout rejection)",
+        "trl": "none",
+        "verl": "`rollout_rs: seq_max_k2` (no preset; its docs' example 2.5)",
+        "tepo": "`rollout_correction: seq_max_k2`, `threshold` 2.5: drop a row with any token's "
+        "`(log rho)^2 / 2` above it",
+        "agree": "the same threshold",
+        "differences": "none (both clamp `log rho` to [-20, 20])",
+        "tests": [
+            _VERL,
+            "tests/test_correction_rejections.py::test_seq_max_k2_vetoes_a_row_for_one_far_token",
+        ],
+    },
+    {
+        "name": "`normalize: true` (IS weights)",
+        "trl": "none",
+        "verl": "`rollout_is_batch_normalize: true`: token IS over valid tokens, sequence IS over sequences",
+        "tepo": "`rollout_correction_options.normalize: true` for `tis`, `mis`, `seq_tis`, over the step's batch",
+        "agree": "`tis` = `rollout_is=token`, `seq_tis` = `rollout_is=sequence`, `cap` = `rollout_is_threshold`",
+        "differences": "verl's `+ 1e-8` in its means (relative 1e-8 / count); verl's IcePop weights average over "
+        "every valid token, tepo's `mis` over the kept ones: verl = tepo * valid / kept (asserted)",
+        "tests": [
+            _VERL,
+            "tests/test_correction_rejections.py::test_seq_tis_normalize_averages_one_weight_per_sequence_not_per_token",
+        ],
+    },
+]
+
+INTRO = """\
+# Parity: what each name computes in TRL, verl and tepo
+
+One row per name that tepo shares with TRL (1.16) or verl (0.9.1). Each row names the test that feeds the same
+tensors to the framework's own code and to tepo's, and asserts equality at float64 under the settings in the
+"agree" column, or the documented difference. Generated from `tests/parity_rows.py`
+(`python tests/parity_rows.py > docs/parity.md`); `tests/test_parity_doc.py` fails when this page is stale.
+TRL tests run in the default suite; verl tests run in `.venv-verl` (`pytest -m slow
+tests/test_integration_verl_estimators.py`).
+"""
+
+
+def _cell(value) -> str:
+    if isinstance(value, list):
+        value = "<br>".join(f"`{item}`" for item in value)
+    return str(value).replace("|", "\\|")
+
+
+def render() -> str:
+    """docs/parity.md's text."""
+    lines = [INTRO, "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(_cell(row[field]) for field in FIELDS) + " |" for row in ROWS]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")
