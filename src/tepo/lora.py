@@ -12,6 +12,8 @@ The adapters are peft's (``peft.get_peft_model``); this module is the one place 
 - :func:`adapter_state_dict` / :func:`is_lora`: what a checkpoint holds for a LoRA run (the adapter only).
 - :func:`merged_state_dict`: ``W0 + (alpha / r) B A`` under the base model's parameter names, without changing the
   model: what a rollout engine (vLLM) loads and what ``tepo eval`` evaluates.
+- :class:`AdaptersOff` / :func:`scoring`: the reference policy of a LoRA run (KL term, reference-based
+  estimators) as the policy itself with its adapters switched off, instead of a second copy of the base model.
 
 Dropout (``model.lora.dropout``) is peft's: applied to the adapter's input in train mode only. The trainer scores
 log-probs in train mode, so with dropout > 0 the scored policy is a random sub-network of the sampled one; the
@@ -19,6 +21,8 @@ default 0 keeps both the same.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -154,3 +158,40 @@ def merge_lora(model):
     if not is_lora(model):
         return model
     return model.merge_and_unload()
+
+
+class AdaptersOff:
+    """The reference policy of a LoRA run: the policy's own modules with its adapters switched off.
+
+    With the adapters off (peft's ``disable_adapter``) every adapted layer computes ``W0 x``, the frozen base
+    weights: exactly the initial policy (``B = 0`` at start, Eq. 3) and the reference a copy of the base model
+    taken before the adapters went in would give, for as long as training runs (``W0`` never changes; a resumed
+    run has the same ``W0``). No second model is kept: the copy cost the size of the base model (540 MB for the
+    embedded model in float32, 15 GB for a 7B model in bfloat16). Score through :func:`scoring`; the policy
+    is in eval mode while it is the reference, as the copy was (the supported models have no dropout, and LoRA's
+    own dropout sits on the switched-off adapter path), and back in its own mode after.
+    """
+
+    def __init__(self, model):
+        if not is_lora(model):
+            raise TypeError(f"AdaptersOff needs a peft-wrapped LoRA model, got {type(model).__name__}")
+        self.model = model
+
+    @contextlib.contextmanager
+    def active(self):
+        """The model as the reference for the duration of the block (adapters off, eval mode)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.model.disable_adapter():
+                yield self.model
+        finally:
+            self.model.train(was_training)
+
+
+def scoring(reference):
+    """A context yielding the module that scores the reference policy: ``reference`` itself when it is a model
+    (a frozen copy), the policy with its adapters off when it is an :class:`AdaptersOff`."""
+    if isinstance(reference, AdaptersOff):
+        return reference.active()
+    return contextlib.nullcontext(reference)
