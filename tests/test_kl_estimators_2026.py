@@ -128,7 +128,7 @@ def test_micro_batches_sum_to_the_full_batch_gradient(estimator):
                 **options,
             )
             loss.backward()
-            total += float(loss)
+            total += float(loss.detach())
         return total, logp.grad
 
     whole, grad_whole = run([torch.arange(n)])
