@@ -91,7 +91,26 @@ OUR_VARIANTS = {
         "model.lora.target_modules=all-linear",
         "rollout.backend=hf",
     ],
+    # LoRA with a KL term (so a reference policy is scored every step), HF generate: the reference is the policy
+    # with its adapters off (tepo.lora.AdaptersOff). "_copy" keeps a frozen copy of the base model as the
+    # reference instead, as tepo did before: the difference in memory is what the copy cost.
+    "ours_lora_kl": [
+        "model.lora.rank=16",
+        "model.lora.alpha=16",
+        "model.lora.target_modules=all-linear",
+        "rollout.backend=hf",
+        "algorithm.kl_coef=0.01",
+    ],
+    "ours_lora_kl_copy": [
+        "model.lora.rank=16",
+        "model.lora.alpha=16",
+        "model.lora.target_modules=all-linear",
+        "rollout.backend=hf",
+        "algorithm.kl_coef=0.01",
+    ],
 }
+# Variants whose reference policy is a frozen copy of the base model (tepo's LoRA reference before AdaptersOff).
+KEEPS_REFERENCE_COPY = {"ours_lora_kl_copy"}
 # TRL sides: name -> the peft LoRA settings (None: full fine-tuning), the same adapters as the matching ours side.
 TRL_VARIANTS = {
     "trl": None,
@@ -140,6 +159,14 @@ def _ours_worker(args, workload: dict) -> dict:
         config = load_config("tepo", our_overrides(workload, tmp) + extra + list(args.override or []))
         start = time.perf_counter()
         trainer = Trainer(config, Path(tmp) / "bench", log=lambda *_: None)
+        if args.worker in KEEPS_REFERENCE_COPY:
+            from tepo.models import load_model_and_tokenizer
+
+            # What the trainer kept before: the base model as loaded, frozen (the same weights W0 the adapters
+            # are switched off to, so the same log-probs; only the memory differs).
+            weight = next(trainer.model.parameters())
+            base, _ = load_model_and_tokenizer(config.model.name, dtype=weight.dtype, device=weight.device)
+            trainer.ref_model = base.eval().requires_grad_(False)
         load_seconds = time.perf_counter() - start
         rss_after_load = current_rss_mb()
         rows = []
