@@ -24,18 +24,18 @@ def concat_rollouts(batches: Sequence[RolloutBatch], pad_token_id: int) -> Rollo
     ids, att, rmask, index, logp = [], [], [], [], []
     offset = 0
     for b in batches:
-        n, p, t = b.input_ids.shape[0], b.prompt_len, b.response_len
-        left = torch.full((n, width_p - p), pad_token_id, dtype=b.input_ids.dtype)
-        right = torch.full((n, width_t - t), pad_token_id, dtype=b.input_ids.dtype)
+        n, p, t, device = b.input_ids.shape[0], b.prompt_len, b.response_len, b.input_ids.device
+        left = torch.full((n, width_p - p), pad_token_id, dtype=b.input_ids.dtype, device=device)
+        right = torch.full((n, width_t - t), pad_token_id, dtype=b.input_ids.dtype, device=device)
         ids.append(torch.cat([left, b.input_ids[:, :p], b.input_ids[:, p:], right], 1))
-        zeros_l = torch.zeros((n, width_p - p), dtype=b.attention_mask.dtype)
-        zeros_r = torch.zeros((n, width_t - t), dtype=b.attention_mask.dtype)
+        zeros_l = torch.zeros((n, width_p - p), dtype=b.attention_mask.dtype, device=device)
+        zeros_r = torch.zeros((n, width_t - t), dtype=b.attention_mask.dtype, device=device)
         att.append(torch.cat([zeros_l, b.attention_mask, zeros_r], 1))
-        rmask.append(torch.cat([b.response_mask, torch.zeros((n, width_t - t))], 1))
+        rmask.append(torch.cat([b.response_mask, torch.zeros((n, width_t - t), device=device)], 1))
         index.append(b.prompt_index + offset)
         offset += int(b.prompt_index.max()) + 1 if n else 0
         if b.rollout_logp is not None:
-            logp.append(torch.cat([b.rollout_logp, torch.zeros((n, width_t - t))], 1))
+            logp.append(torch.cat([b.rollout_logp, torch.zeros((n, width_t - t), device=device)], 1))
     return RolloutBatch(
         input_ids=torch.cat(ids),
         attention_mask=torch.cat(att),

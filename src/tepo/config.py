@@ -50,6 +50,11 @@ class ModelConfig:
     # the transformer body: docs/performance.md). Tested with Llama-architecture models.
     share_prompt_prefix: bool = True
     lora: LoraConfig = field(default_factory=LoraConfig)
+    # The weights' dtype. float32 (the default): float32 master weights, bf16 only inside autocast, the same on every
+    # device. bfloat16: weights, gradients and AdamW moments in bf16, half the memory, for models that do not fit
+    # otherwise; NOT exact (updates smaller than a bf16 step of a weight are lost) and not comparable with float32
+    # runs. Refused on the CPU (docs: README "On a GPU").
+    dtype: str = "float32"
 
 
 @dataclass
@@ -82,6 +87,9 @@ class RolloutConfig:
     vllm_python: str | None = None
     vllm_dtype: str = "bfloat16"
     vllm_kv_cache_gb: float | None = 0.25  # None: vLLM sizes it (on GPU from its gpu_memory_utilization)
+    # On a CUDA run: the share of the GPU's memory the engine may take (weights, activations, its KV cache); the
+    # trainer keeps the rest (both printed at start). 0.3 leaves a 0.5B model's full fine-tuning 70% of the GPU.
+    vllm_gpu_memory_utilization: float = 0.3
     # Prompt + response tokens the engine accepts (None: min(model's, 4096)).
     vllm_max_model_len: int | None = None
     # 0: sample, then update (on-policy up to the engine's numerics). 1: sample step k+1's batch in the background
@@ -150,6 +158,9 @@ class TrainConfig:
     save_optimizer: bool = True
     resume_without_optimizer: bool = False
     max_bad_steps: int = 3  # consecutive non-finite steps before the run stops
+    # Where the step runs (tepo.device): auto (CUDA when available, else CPU), cpu, cuda or cuda:N. Checked against
+    # the machine when the run starts, before anything loads.
+    device: str = "auto"
 
     @property
     def keep_checkpoints(self) -> int:
@@ -459,6 +470,7 @@ def validate(config: RunConfig) -> list[str]:
     errors += rollout_config_errors(c.rollout)  # backend name and each backend's own keys
     errors += lora_config_errors(c.model.lora)
     errors += _async_errors(c.rollout)
+    errors += _device_errors(c)
     if c.model.train_attention not in ("auto", "eager", "sdpa", "model"):
         errors.append(
             f"model.train_attention: expected auto, eager, sdpa or model, got {c.model.train_attention!r}"
@@ -499,6 +511,28 @@ def validate(config: RunConfig) -> list[str]:
     else:
         errors += _advantage_errors(c)
     return errors
+
+
+def _device_errors(c: RunConfig) -> list[str]:
+    """The form of ``train.device`` and ``model.dtype`` (whether the machine has the device: at start)."""
+    from tepo.device import device_setting_error
+
+    errors = [e for e in [device_setting_error(c.train.device)] if e]
+    if c.model.dtype not in MODEL_DTYPES:
+        errors.append(f"model.dtype: expected {' or '.join(MODEL_DTYPES)}, got {c.model.dtype!r}")
+    elif c.model.dtype != "float32" and c.train.device == "cpu":
+        errors.append(bf16_weights_on_cpu_message(c.model.dtype))
+    return errors
+
+
+MODEL_DTYPES = ("float32", "bfloat16")
+
+
+def bf16_weights_on_cpu_message(dtype: str) -> str:
+    return (
+        f"model.dtype={dtype} (not-exact bf16 weights) is for CUDA models that do not fit in float32; "
+        "on the CPU use model.dtype=float32 (bf16 autocast is already on: model.autocast_bf16)"
+    )
 
 
 def _reward_errors(c: RunConfig) -> list[str]:

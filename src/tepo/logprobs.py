@@ -147,7 +147,7 @@ def _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len: int, prom
         # The reentrant block runs its own backward, which adds straight into .grad. Its price: such a graph
         # supports .backward() but not torch.autograd.grad(); the anchor (an empty tensor that requires grad)
         # makes the block's outputs require grad, since none of its tensor inputs (token ids, masks) does.
-        anchor = torch.empty(0, requires_grad=True)
+        anchor = torch.empty(0, requires_grad=True, device=input_ids.device)
         prompt_hidden, *keys_values = checkpoint(
             _anchored_prompt_pass, body, anchor, *prompt_args, use_reentrant=True
         )

@@ -137,10 +137,11 @@ class HFRollout:
         )
         rows = [list(map(int, p)) for p in prompt_ids for _ in range(num_samples)]
         prompt_width = max(map(len, rows))
-        prompts = torch.full((len(rows), prompt_width), self.pad_token_id, dtype=torch.long)
+        # Laid out on the CPU (the batch is returned there); each group of rows goes to the model's device to generate.
+        prompts = torch.full((len(rows), prompt_width), self.pad_token_id, dtype=torch.long, device="cpu")
         prompt_mask = torch.zeros_like(prompts)
         for i, ids in enumerate(rows):
-            prompts[i, prompt_width - len(ids) :] = torch.tensor(ids)
+            prompts[i, prompt_width - len(ids) :] = torch.tensor(ids, device="cpu")
             prompt_mask[i, prompt_width - len(ids) :] = 1
 
         step = self.max_batch_size or len(rows)
@@ -181,7 +182,7 @@ class HFRollout:
             attention_mask=torch.cat([prompt_mask, response_mask], 1),
             response_mask=response_mask.float(),
             response_len=response_len,
-            prompt_index=torch.arange(len(prompt_ids)).repeat_interleave(num_samples),
+            prompt_index=torch.arange(len(prompt_ids), device="cpu").repeat_interleave(num_samples),
             texts=texts,
             truncated=truncated,
             gen_seconds=gen_seconds,
@@ -216,7 +217,7 @@ class HFRollout:
                 input_ids=prompts.to(device), attention_mask=prompt_mask.to(device), generation_config=config
             )
         responses = out.sequences[:, prompts.shape[1] :].cpu()
-        is_eos = torch.isin(responses, torch.tensor(self.eos_token_ids))
+        is_eos = torch.isin(responses, torch.tensor(self.eos_token_ids, device=responses.device))
         # Everything strictly after a row's first EOS is padding.
         after_eos = (is_eos.long().cumsum(1) - is_eos.long()) > 0
         responses = responses.masked_fill(after_eos, self.pad_token_id)
@@ -234,7 +235,7 @@ class HFRollout:
 
 
 def _has_eos(responses: Tensor, mask: Tensor, eos_ids: list[int]) -> Tensor:
-    return (torch.isin(responses, torch.tensor(eos_ids)) & mask.bool()).any(1)
+    return (torch.isin(responses, torch.tensor(eos_ids, device=responses.device)) & mask.bool()).any(1)
 
 
 def _pad_right(x: Tensor, width: int, value) -> Tensor:

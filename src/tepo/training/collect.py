@@ -108,7 +108,9 @@ def collect_rollouts(
         stats["reward_seconds"] += time.perf_counter() - start
         stats["gen_seconds"] += batch.gen_seconds
         stats["gen_tokens"] += batch.num_generated_tokens
-        rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float32)
+        rewards = torch.tensor(
+            [v.reward for v in verdicts], dtype=torch.float32, device=batch.input_ids.device
+        )
         shaped = rewards
         if overlong is not None:
             penalty = overlong_penalty(
@@ -159,7 +161,7 @@ def collect_rollouts(
     rewards = torch.cat(kept_rewards)
     limit = prompts * g
     if len(rewards) > limit:
-        batch = select_rollout_rows(batch, torch.arange(limit))
+        batch = select_rollout_rows(batch, torch.arange(limit, device=batch.input_ids.device))
         rewards, kept_status, kept_problems = rewards[:limit], kept_status[:limit], kept_problems[:prompts]
     return Collected(
         batch=batch, rewards=rewards, statuses=kept_status, problems=kept_problems, metrics=dict(stats)

@@ -14,22 +14,24 @@ import torch
 from torch import Tensor
 
 from tepo.batch import trim_columns
+from tepo.device import autocast_device_type
 from tepo.logprobs import response_logprobs
 from tepo.models import attention_implementation, training_attention
 from tepo.rollout.base import RolloutBatch
 
 
-def bf16_autocast(enabled: bool):
+def bf16_autocast(enabled: bool, device_type: str = "cpu"):
     """bf16 autocast for the log-prob passes, without autocast's weight-cast cache.
 
     The cache keeps the bf16 copy of every weight until the autocast region ends, i.e. a whole model's worth at
     the end of each forward. A log-prob pass uses each layer's weights once (checkpoint recomputation runs in a
     region of its own), so without the cache each copy is freed after its layer: the same values, less memory.
-    (HF generate keeps the cache: it reuses the weights at every token.)
+    (HF generate keeps the cache: it reuses the weights at every token.) ``device_type``: that of the batch's
+    tensors (``tepo.device.autocast_device_type``): the same bf16 autocast on CUDA as on the CPU.
     """
     if not enabled:
         return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False)
+    return torch.autocast(device_type, dtype=torch.bfloat16, cache_enabled=False)
 
 
 @functools.cache
@@ -81,7 +83,8 @@ def rows_logprobs(
     """
     ids, att, t, cols = trim_columns(batch.input_ids[rows], batch.attention_mask[rows], batch.response_len)
     groups = batch.prompt_index[rows] if settings.share_prompt_prefix else None
-    with torch.set_grad_enabled(grad), bf16_autocast(settings.autocast_bf16):
+    autocast = bf16_autocast(settings.autocast_bf16, autocast_device_type(ids.device))
+    with torch.set_grad_enabled(grad), autocast:
         logp, ent = response_logprobs(
             model,
             ids,
@@ -99,8 +102,9 @@ def batch_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """No-grad log-probs (and entropy) of every response token, in micro-batches, padded to ``[N, T]``."""
     n, t = batch.response_mask.shape
-    logp_all = torch.zeros(n, t)
-    ent_all = torch.zeros(n, t) if entropy else None
+    device = batch.response_mask.device
+    logp_all = torch.zeros(n, t, device=device)
+    ent_all = torch.zeros(n, t, device=device) if entropy else None
     with held_attention(model, batch, settings):
         for rows in torch.arange(n).split(settings.micro_batch_size):
             logp, ent, cols = rows_logprobs(model, batch, rows, settings, entropy=entropy, grad=False)

@@ -65,7 +65,9 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
         # No update this step; the LR schedule still follows steps, applied or not.
         advance_schedule(parts.scheduler, parts.updates_per_step)
         return row | {"skipped_update": 1, "skip_reason": "dynamic sampling kept no group"}
-    batch, rewards, mask = collected.batch, collected.rewards, collected.batch.response_mask
+    # Sampled on the host; from here on everything runs on the trainer's device (tepo.device; no copy on the CPU).
+    batch, rewards = collected.batch.to(trainer.device), collected.rewards.to(trainer.device)
+    mask = batch.response_mask
     lengths = mask.sum(1)
     row.update(
         num_sequences=rewards.shape[0],
@@ -173,5 +175,7 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
         row["rollout_sync_seconds"] = parts.rollout.last_sync_seconds  # included in gen_seconds
     row["lr"] = parts.scheduler.get_last_lr()[0]
     row["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    if trainer.device.type == "cuda":  # the GPU's own peak since the run started (allocated by torch)
+        row["gpu_peak_memory_mb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**20
     row["step_seconds"] = time.perf_counter() - started
     return row

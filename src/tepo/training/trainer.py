@@ -100,6 +100,7 @@ class Trainer:
         from tepo.rollout.registry import choose_rollout_backend
 
         c = self.config = config
+        self.device = run_device(config)  # first: a missing GPU is one line, before anything loads
         self.run_dir = Path(run_dir)
         self.log = log
         for note in config_warnings(config):
@@ -108,8 +109,13 @@ class Trainer:
         torch.manual_seed(c.train.seed)
 
         self.model, self.tokenizer = load_model_and_tokenizer(
-            c.model.name, trust_remote_code=c.model.trust_remote_code
+            c.model.name,
+            trust_remote_code=c.model.trust_remote_code,
+            dtype=getattr(torch, c.model.dtype),
+            device=self.device,
         )
+        if self.device.type == "cuda":
+            log(device_note(self.device, self.model))
         # The reference policy: a frozen copy of the model, or with LoRA the policy with its adapters off.
         self.ref_model = None
         if needs_reference_model(c.algorithm) and c.model.lora.rank <= 0:
@@ -452,8 +458,31 @@ def summarize(run_dir: Path, before: dict, after: dict) -> dict:
     }
 
 
+def run_device(config: RunConfig) -> torch.device:
+    """``train.device`` on this machine (tepo.device); ConfigError, one line, when the machine lacks it or when
+    ``model.dtype`` asks for bf16 weights on the CPU."""
+    from tepo.config import bf16_weights_on_cpu_message
+    from tepo.device import resolve_device
+
+    try:
+        device = resolve_device(config.train.device)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if device.type == "cpu" and config.model.dtype != "float32":
+        raise ConfigError(bf16_weights_on_cpu_message(config.model.dtype))
+    return device
+
+
+def device_note(device: torch.device, model) -> str:
+    """The start-up line of a CUDA run: the GPU, its memory, and what the weights take of it."""
+    props = torch.cuda.get_device_properties(device)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
+    return f"training on {device} ({props.name}, {props.total_memory / 2**30:.1f} GiB): weights {weights:.2f} GiB"
+
+
 def train(config: RunConfig, *, run_dir: Path | None = None, log=print) -> TrainResult:
     """Start a new run (or continue ``run_dir`` if it holds one)."""
+    run_device(config)  # a missing device fails before the run directory is made
     if run_dir is None:
         run_dir = make_run_dir(config)
         # A new run: write its config even over one left by a start that failed (bad data, a refused model),

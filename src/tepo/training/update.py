@@ -59,7 +59,7 @@ def _rows_logprobs_no_grad(
 ) -> tuple[Tensor, Tensor | None]:
     """The current policy's log-probs ``[len(rows), T]`` of ``rows``, and with ``entropy`` its per-token entropy
     (else None), in micro-batches, without a graph."""
-    out = torch.zeros(len(rows), batch.response_len)
+    out = torch.zeros(len(rows), batch.response_len, device=batch.response_mask.device)
     ent_out = torch.zeros_like(out) if entropy else None
     offset = 0
     for micro in rows.split(settings.micro_batch_size):
