@@ -107,7 +107,9 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def rng_state() -> dict:
-    return {
+    """Every RNG a step may draw from; CUDA's (one state per device) only where CUDA is available, so a CPU
+    machine's checkpoints are what they always were."""
+    state = {
         "torch": torch.get_rng_state(),
         "python": list(random.getstate()[1]),
         "python_version": random.getstate()[0],
@@ -115,10 +117,19 @@ def rng_state() -> dict:
         "numpy": np.random.get_state()[1].tolist(),
         "numpy_pos": int(np.random.get_state()[2]),
     }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore :func:`rng_state`'s record. CUDA states are restored where the machine has CUDA (as many devices as
+    both have); a checkpoint without them (written on a CPU machine) leaves CUDA's RNG as it is."""
     torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda_states = list(state["cuda"])[: torch.cuda.device_count()]
+        for index, cuda_state in enumerate(cuda_states):
+            torch.cuda.set_rng_state(cuda_state, index)
     random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
     np.random.set_state(("MT19937", np.array(state["numpy"], dtype=np.uint32), state["numpy_pos"], 0, 0.0))
 
@@ -351,7 +362,11 @@ def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module) -> Checkpoin
     :class:`CheckpointState`, whose ``optimizer_state`` says whether the optimizer's moments are in it."""
     from tepo.lora import adapter_state_dict, is_lora
 
-    weights = load_file(str(checkpoint.path / "model.safetensors"))
+    # Weights go straight to the model's device; the rest of the state to the CPU (RNG states must be CPU tensors,
+    # and optimizer.load_state_dict moves the moments next to their parameters), so a checkpoint written on any
+    # device resumes on any other (CPU -> CUDA and back).
+    device = next(model.parameters()).device
+    weights = load_file(str(checkpoint.path / "model.safetensors"), device=str(device))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if is_lora(model):  # the checkpoint holds the adapters only: every one of them, nothing else
         missing = [name for name in adapter_state_dict(model) if name not in weights]
@@ -369,7 +384,7 @@ def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module) -> Checkpoin
         )
     if tied:
         model.tie_weights()
-    state = torch.load(checkpoint.path / "state.pt", weights_only=True)
+    state = torch.load(checkpoint.path / "state.pt", weights_only=True, map_location="cpu")
     recorded = _manifest_says(checkpoint.path)
     # Checkpoints from before the manifest field always held the whole optimizer state dict when they held one.
     optimizer_state = recorded if recorded is not None else OPTIMIZER_KEY in state
