@@ -26,6 +26,9 @@ Per-phase times: tepo's own metrics (``gen_seconds``, ``logprob_seconds``, ``upd
 ``reward_seconds``, ``step_seconds``); for TRL, timers wrapped around ``_generate_single_turn`` (generation),
 ``_calculate_rewards`` (rewards), no-grad ``_get_per_token_logps_and_entropies`` (old/ref log-probs), and a
 callback from step begin to step end (step); TRL's update = step - ``_generate_and_score_completions``.
+
+``--device cuda`` runs both sides on the GPU (tepo: ``train.device``; TRL: ``use_cpu=False``) and adds each side's
+peak GPU memory (``gpu_peak_memory_mb``); not run yet (no GPU here).
 """
 
 from __future__ import annotations
@@ -140,6 +143,7 @@ def our_overrides(workload: dict, tmp: str) -> list[str]:
         "train.save_every=0",
         "train.save_final=false",
         "log.progress=false",
+        f"train.device={workload.get('device', 'cpu')}",
     ]
 
 
@@ -285,7 +289,7 @@ def _trl_worker(args, workload: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         config = GRPOConfig(
             output_dir=tmp,
-            use_cpu=True,
+            use_cpu=workload.get("device", "cpu") == "cpu",  # else accelerate puts the model on the GPU
             bf16=True,
             per_device_train_batch_size=micro,
             gradient_accumulation_steps=total // micro,
@@ -349,6 +353,10 @@ def worker_main(args) -> None:
     with TreeMemorySampler() as tree:
         result = fn(args, workload)
     rows = result["rows"][workload["warmup"] :]
+    if workload.get("device", "cpu") != "cpu":
+        import torch
+
+        result["gpu_peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
     result.update(
         side=args.worker,
         measured_rows=rows,
@@ -429,6 +437,12 @@ def main(argv=None) -> None:
     parser.add_argument("--prompts", type=int, default=PROMPTS)
     parser.add_argument("--samples", type=int, default=SAMPLES)
     parser.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (the default) or cuda / cuda:N: both sides train (and TRL generates) on it; tepo's side gets "
+        "train.device, TRL's use_cpu=False",
+    )
     parser.add_argument("--json", help="write the full results here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
@@ -450,6 +464,7 @@ def main(argv=None) -> None:
         "new_tokens": args.new_tokens,
         "warmup": args.warmup,
         "steps": steps,
+        "device": args.device,
     }
     print(f"workload {workload}, threads {args.threads}, rounds {rounds}, variants {variants}", flush=True)
     print(f"load average at start: {load_average()}", flush=True)

@@ -303,3 +303,38 @@ def test_a_cpu_machine_checkpoints_no_cuda_rng_and_ignores_a_recorded_one():
     expected = torch.rand(3)
     set_rng_state({**state, "cuda": [torch.zeros(16, dtype=torch.uint8)]})  # written on a GPU machine
     assert torch.equal(torch.rand(3), expected)
+
+
+# ---- the rest of a run on the device: vLLM's share of the GPU, tepo compare -----------------------------------
+
+
+def test_vllm_gpu_share_is_checked_with_the_config():
+    with pytest.raises(ConfigError, match=r"rollout\.vllm_gpu_memory_utilization: must be in \(0, 1\)"):
+        load_config(None, ["rollout.vllm_gpu_memory_utilization=1.5"])
+
+
+def test_the_vllm_server_gets_the_trainers_physical_gpu(monkeypatch):
+    from tepo.device import visible_device_for_child
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # this process sees GPUs 2 and 3 as cuda:0 and cuda:1
+    assert visible_device_for_child(torch.device("cuda:1")) == "3"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert visible_device_for_child(torch.device("cuda:1")) == "1"
+
+
+def test_tepo_compare_passes_the_device_to_every_run(monkeypatch, tmp_path):
+    import tepo.compare.runner
+    from tepo.cli import main
+
+    seen = {}
+
+    def plan(directory, methods, seeds, *, config=None, overrides=()):
+        seen["overrides"] = list(overrides)
+        raise ConfigError("planned")  # stop here: the plan's overrides are what every run is built from
+
+    monkeypatch.setattr(tepo.compare.runner, "plan_comparison", plan)
+    argv = ["compare", "--losses", "grpo,tepo", "--dir", str(tmp_path), "train.steps=2"]
+    assert main([*argv, "--device", "cpu"]) == 2
+    assert seen["overrides"] == ["train.steps=2", "train.device=cpu"]
+    assert main(argv) == 2
+    assert seen["overrides"] == ["train.steps=2"]  # no --device: each run's train.device (auto by default)

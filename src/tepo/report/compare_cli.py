@@ -54,7 +54,8 @@ def _cmd_compare(args) -> int:
             raise ConfigError("--losses is required (unless --table-only): e.g. --losses grpo,tepo")
         methods, seeds = parse_methods(args.losses), parse_seeds(args.seeds)
         directory = Path(args.dir) if args.dir else Path("comparisons") / "_vs_".join(methods)
-        plan = plan_comparison(directory, methods, seeds, config=args.config, overrides=args.overrides)
+        overrides = [*args.overrides, *([f"train.device={args.device}"] if args.device else [])]
+        plan = plan_comparison(directory, methods, seeds, config=args.config, overrides=overrides)
         print(f"comparison: {len(methods)} methods x {len(seeds)} seeds -> {directory}")
         for note in plan.notes:
             print(f"note: {note}")
@@ -137,6 +138,11 @@ def register(subparsers) -> None:
     p.add_argument("--seeds", default="3", help="number of seeds (3 -> 0,1,2) or a comma list (default 3)")
     p.add_argument("--config", help="base preset or YAML for every run (default: compare_default)")
     p.add_argument("--dir", help="comparison directory (default: comparisons/<loss1>_vs_<loss2>...)")
+    p.add_argument(
+        "--device",
+        help="train.device of every run: auto (the default: cuda when available), cpu, cuda or cuda:N; "
+        "the same as the override train.device=...",
+    )
     p.add_argument(
         "--table-only",
         action="store_true",

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from tepo.device import gpu_share_note, visible_device_for_child
 from tepo.rollout.base import (
     RolloutBatch,
     RolloutError,
@@ -208,6 +209,8 @@ class VLLMRollout:
     ``log_path``: where the server's own output goes (a temporary file if None). ``autocast_bf16`` is accepted for
     interface compatibility and ignored (the engine's dtype decides). ``own_core``: bind the engine to one core of
     its own (for rollouts overlapped with the update); ``trainer_cores`` then lists the cores left to the trainer.
+    ``gpu_memory_utilization``: with the model on a CUDA device, the engine runs on that GPU and may take this share
+    of its memory (vLLM's own setting; not passed on the CPU).
     Call :meth:`close` (or use ``with``) to stop the server; it is also stopped at interpreter exit.
     """
 
@@ -226,6 +229,7 @@ class VLLMRollout:
         autocast_bf16: bool | None = None,
         seed: int = 0,
         own_core: bool = False,
+        gpu_memory_utilization: float = 0.3,
     ):
         del autocast_bf16
         if tokenizer.pad_token_id is None:
@@ -284,13 +288,19 @@ class VLLMRollout:
             }
             if kv_cache_gb is not None:  # else vLLM sizes it (on GPU: from gpu_memory_utilization)
                 options["--kv-cache-bytes"] = int(kv_cache_gb * 2**30)
+            env = _server_env(engine_cores(own_core))
+            device = next(model.parameters()).device
+            # On a CUDA model: the trainer's GPU, of which the engine may take this share (tepo.device).
+            if device.type == "cuda":
+                options["--gpu-memory-utilization"] = float(gpu_memory_utilization)
+                env["CUDA_VISIBLE_DEVICES"] = visible_device_for_child(device)
             self._proc = subprocess.Popen(
                 [python, str(SERVER_SCRIPT), *(str(x) for item in options.items() for x in item)],
                 pass_fds=(to_server_r, from_server_w),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=_server_env(engine_cores(own_core)),
+                env=env,
                 cwd=str(self._weights_dir),
                 # Its own process group: close() stops vLLM's engine workers with it.
                 start_new_session=True,
@@ -330,6 +340,9 @@ class VLLMRollout:
         """The backend for ``rollout.backend=vllm``: the ``rollout.vllm_*`` keys; the server's log goes to
         ``run_dir/vllm_server.log`` (a temporary file without a run directory)."""
         log("starting the vLLM rollout server (about 10 s on CPU)")
+        device = next(model.parameters()).device
+        if device.type == "cuda":
+            log(gpu_share_note(device, rollout_config.vllm_gpu_memory_utilization))
         return cls(
             model,
             tokenizer,
@@ -340,6 +353,7 @@ class VLLMRollout:
             seed=seed,
             log_path=None if run_dir is None else Path(run_dir) / "vllm_server.log",
             own_core=bool(getattr(rollout_config, "async_steps", 0)),  # overlapped with the update
+            gpu_memory_utilization=rollout_config.vllm_gpu_memory_utilization,
         )
 
     @classmethod
@@ -359,6 +373,10 @@ class VLLMRollout:
             errors.append(f"rollout.vllm_dtype: expected bfloat16, float16 or float32, got {r.vllm_dtype!r}")
         if r.vllm_kv_cache_gb is not None and not r.vllm_kv_cache_gb > 0:
             errors.append(f"rollout.vllm_kv_cache_gb: must be > 0, got {r.vllm_kv_cache_gb}")
+        if not 0 < r.vllm_gpu_memory_utilization < 1:
+            errors.append(
+                f"rollout.vllm_gpu_memory_utilization: must be in (0, 1), got {r.vllm_gpu_memory_utilization}"
+            )
         if r.vllm_max_model_len is not None and r.vllm_max_model_len < 1:
             errors.append(f"rollout.vllm_max_model_len: must be >= 1, got {r.vllm_max_model_len}")
         if not r.parity_max_gap > 0:
