@@ -1,0 +1,255 @@
+"""The device check's steps (run by scripts/gpu_check.sh; see there for what the machine needs).
+
+python scripts/gpu_check.py prepare-kit KIT        here, where tepo is installed: the embedded model's config.json and
+                                                   tokenizer files (a few MB; the 94 MB weights stay behind)
+python scripts/gpu_check.py run KIT OUT [--cpu]    on the GPU machine: a random-weight model from KIT, a 3-step
+                                                   `tepo train train.device=cuda rollout.backend=hf`, checks, an exact
+                                                   resume after a SIGKILL, phase times and peak GPU memory; then the
+                                                   vLLM backend where vLLM is found. --cpu: the same on the CPU with a
+                                                   2-layer model (a dry run of the script's own logic)
+Exit status 0 when every check passed; the report is OUT/report.txt (small text, meant to be committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
+MISMATCH = ("mismatch_kl_k1", "mismatch_kl_k3", "mismatch_abs_log_ratio_mean", "mismatch_abs_log_ratio_max")
+TIMING = ("gen_seconds", "logprob_seconds", "update_seconds", "reward_seconds", "step_seconds")
+
+
+def prepare_kit(kit: Path) -> None:
+    from tepo.models import embedded_model_dir
+
+    source = embedded_model_dir()
+    kit.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", *TOKENIZER_FILES):
+        if (source / name).exists():
+            shutil.copy2(source / name, kit / name)
+    size = sum(p.stat().st_size for p in kit.iterdir()) / 2**20
+    print(f"kit: {kit} ({len(list(kit.iterdir()))} files, {size:.1f} MiB) from {source}")
+
+
+def build_model(kit: Path, out: Path, *, layers: int | None) -> Path:
+    """A model with the kit's architecture (``layers`` of them, if given) and random weights, saved like a checkpoint."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(kit)
+    if layers is not None:
+        config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(kit).save_pretrained(out)
+    for name in ("generation_config.json",):
+        if (kit / name).exists():
+            shutil.copy2(kit / name, out / name)
+    return out
+
+
+def tepo_train(args: list[str], log: Path, *, background: bool = False):
+    cmd = [sys.executable, "-m", "tepo.cli", "train", *args]
+    handle = open(log, "a")  # noqa: SIM115 - the child keeps it
+    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    handle.close()
+    if background:
+        return proc
+    code = proc.wait()
+    if code != 0:
+        raise SystemExit(f"tepo train exited {code}; its output: {log}\n{log.read_text()[-3000:]}")
+    return proc
+
+
+def rows_of(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def comparable(rows: list[dict]) -> list[dict]:
+    return [
+        {k: v for k, v in r.items() if not any(s in k for s in ("seconds", "per_s", "memory"))} for r in rows
+    ]
+
+
+def weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def run_check(kit: Path, out: Path, *, cpu: bool) -> int:
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    report: list[str] = []
+    failures: list[str] = []
+
+    def say(line: str = "") -> None:
+        print(line, flush=True)
+        report.append(line)
+
+    def check(ok: bool, what: str) -> None:
+        say(f"{'ok  ' if ok else 'FAIL'} {what}")
+        if not ok:
+            failures.append(what)
+
+    device = "cpu" if cpu else "cuda"
+    say(
+        f"tepo device check, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; mode: {'--cpu dry run' if cpu else 'cuda'}"
+    )
+    say(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}")
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        say(f"GPU 0: {props.name}, {props.total_memory / 2**30:.1f} GiB")
+    elif not cpu:
+        say("FAIL no CUDA device: run with --cpu for the dry run")
+        (out / "report.txt").write_text("\n".join(report) + "\n")
+        return 1
+
+    model_dir = build_model(kit, out / "random-model", layers=2 if cpu else None)
+    params = sum(p.numel() for p in weights(model_dir / "model.safetensors").values())
+    say(f"model: {model_dir} (random weights, {params / 1e6:.1f}M parameters from {kit / 'config.json'})")
+    common = [
+        f"model.name={model_dir}",
+        f"train.device={device}",
+        "rollout.backend=hf",
+        f"train.output_dir={out / 'runs'}",
+        "train.steps=3",
+        "train.save_every=1",
+        "train.keep_last=0",
+        "eval.size=8",
+        "log.progress=false",
+        "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the (random model's) rewards
+        "optim.lr=1e-4",
+    ]
+    if cpu:  # the dry run checks the script, not the speed: a small workload
+        common += [
+            "train.prompts_per_step=2",
+            "rollout.group_size=3",
+            "rollout.max_new_tokens=8",
+            "eval.size=2",
+        ]
+    shutil.rmtree(out / "runs", ignore_errors=True)
+
+    # 1. Three steps, uninterrupted.
+    started = time.perf_counter()
+    tepo_train([*common, "train.run_name=straight"], out / "straight.log")
+    straight = out / "runs" / "straight"
+    rows = rows_of(straight)
+    say(f"\n3-step run: {time.perf_counter() - started:.0f} s (load, eval before/after included)")
+    check([r["step"] for r in rows] == [1, 2, 3], "three metrics rows")
+    finite = all(
+        math.isfinite(r[k]) for r in rows for k in ("loss", "grad_norm", "reward_mean", "entropy_mean")
+    )
+    check(finite, "loss, grad_norm, reward_mean, entropy_mean finite at every step")
+    initial = weights(model_dir / "model.safetensors")
+    final = weights(straight / "checkpoints" / "step_000003" / "model.safetensors")
+    changed = sum(not torch.equal(final[k], initial[k]) for k in final if k in initial)
+    check(changed > len(final) // 2, f"weights changed ({changed} of {len(final)} tensors)")
+    say("phase seconds per step: " + ", ".join(k for k in TIMING))
+    for r in rows:
+        times = ", ".join(f"{r.get(k, float('nan')):.2f}" for k in TIMING)
+        gpu = r.get("gpu_peak_memory_mb")
+        say(f"  step {r['step']}: {times}; gpu peak {gpu:.0f} MiB" if gpu else f"  step {r['step']}: {times}")
+    if not cpu:
+        check(all(r.get("gpu_peak_memory_mb", 0) > 0 for r in rows), "gpu_peak_memory_mb logged")
+
+    # 2. The same run SIGKILLed after its step-2 checkpoint, then resumed: the same metrics and final weights.
+    killed_log = out / "killed.log"
+    proc = tepo_train([*common, "train.run_name=killed"], killed_log, background=True)
+    killed = out / "runs" / "killed"
+    manifest = killed / "checkpoints" / "step_000002" / "manifest.json"
+    deadline = time.time() + 1800
+    while not manifest.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        say("\nkilled the second run (SIGKILL) after its step-2 checkpoint")
+    else:
+        say(f"\nthe second run ended before it could be killed (exit {proc.returncode}); resuming it anyway")
+    tepo_train(["--resume", str(killed)], killed_log)
+    resumed_rows = rows_of(killed)
+    check(comparable(resumed_rows) == comparable(rows), "resumed run's metrics equal the uninterrupted run's")
+    again = weights(killed / "checkpoints" / "step_000003" / "model.safetensors")
+    differing = [k for k in final if not torch.equal(final[k], again[k])]
+    check(
+        not differing, f"resumed run's final weights equal the uninterrupted run's ({len(differing)} differ)"
+    )
+    if differing and not cpu:
+        worst = max(float((final[k] - again[k]).abs().max()) for k in differing)
+        say(
+            f"     largest difference {worst:.3g}: a resume bug, or a non-deterministic CUDA kernel (see README)"
+        )
+
+    # 3. vLLM on the same GPU, where this machine has it.
+    if not cpu:
+        vllm_run(common, out, say, check)
+    say(
+        f"\n{'all checks passed' if not failures else f'{len(failures)} check(s) failed: ' + '; '.join(failures)}"
+    )
+    (out / "report.txt").write_text("\n".join(report) + "\n")
+    return 0 if not failures else 1
+
+
+def vllm_run(common: list[str], out: Path, say, check) -> None:
+    from tepo.rollout.vllm import VLLMServerError, find_vllm_python
+
+    try:
+        python = find_vllm_python(os.environ.get("TEPO_VLLM_PYTHON"))
+    except VLLMServerError as err:
+        say(f"\nvLLM: not run ({err})")
+        return
+    tepo_train(
+        [*common, "rollout.backend=vllm", f"rollout.vllm_python={python}", "train.run_name=vllm"],
+        out / "vllm.log",
+    )
+    rows = rows_of(out / "runs" / "vllm")
+    say(f"\nvLLM backend ({python}):")
+    check(all(math.isfinite(r["loss"]) for r in rows), "vLLM run: finite loss at every step")
+    for r in rows:
+        say(
+            f"  step {r['step']}: gen {r.get('gen_seconds', 0):.2f} s (weight sync "
+            f"{r.get('rollout_sync_seconds', float('nan')):.2f} s), "
+            + ", ".join(f"{k}={r[k]:.4g}" for k in MISMATCH if k in r)
+        )
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("prepare-kit")
+    p.add_argument("kit", type=Path)
+    p = sub.add_parser("run")
+    p.add_argument("kit", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--cpu", action="store_true")
+    args = parser.parse_args(argv)
+    if args.cmd == "prepare-kit":
+        prepare_kit(args.kit)
+        return 0
+    return run_check(args.kit, args.out, cpu=args.cpu)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
