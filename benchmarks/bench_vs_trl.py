@@ -144,6 +144,8 @@ def our_overrides(workload: dict, tmp: str) -> list[str]:
         "train.save_final=false",
         "log.progress=false",
         f"train.device={workload.get('device', 'cpu')}",
+        # bench_scaling.py's GSM8K sweeps pass a data file; the default is the issue-8 arithmetic task.
+        *([f"data.source={workload['data']}"] if workload.get("data") else []),
     ]
 
 
@@ -257,7 +259,7 @@ def _trl_worker(args, workload: dict) -> dict:
             row["gen_tokens"] = row["update_tokens"] = timers.get("gen_tokens", 0.0)
             rows.append(row)
 
-    problems = load_problems("arithmetic", split="train", limit=512, seed=SEED)
+    problems = load_problems(workload.get("data") or "arithmetic", split="train", limit=512, seed=SEED)
     data = Dataset.from_list(
         [
             {

@@ -374,7 +374,8 @@ def test_a_training_run_with_vllm_syncs_after_every_update_and_stops_its_server(
 
 @pytest.mark.model
 def test_the_server_exits_when_its_trainer_is_killed(tmp_path, embedded_model_dir):
-    """SIGKILL gives the trainer no chance to stop the server; the server sees its request pipe close and exits,
+    """SIGKILL gives the trainer no chance to stop the server, here in the middle of a generate that would run for
+    minutes: the server notices its trainer is gone within seconds (not at the end of the batch) and exits,
     removing the weights folder the trainer could not."""
     import signal
     import subprocess
@@ -389,6 +390,7 @@ def test_the_server_exits_when_its_trainer_is_killed(tmp_path, embedded_model_di
         f"model, tokenizer = load_model_and_tokenizer({str(embedded_model_dir)!r})\n"
         f"engine = VLLMRollout(model, tokenizer, python={python!r})\n"
         "print(engine._proc.pid, engine._weights_dir, flush=True)\n"
+        "engine.generate([[100 + i] * 40 for i in range(64)], num_samples=8, max_new_tokens=2000, seed=0)\n"
         "time.sleep(600)\n"
     )
     trainer = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
@@ -396,9 +398,10 @@ def test_the_server_exits_when_its_trainer_is_killed(tmp_path, embedded_model_di
         pid_text, weights_dir = trainer.stdout.readline().split()
         server_pid = int(pid_text)
         assert os.path.isdir(weights_dir)
+        time.sleep(3)  # the generate request is on its way (sent right after the line above)
         os.kill(trainer.pid, signal.SIGKILL)
         trainer.wait(timeout=30)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 30  # the batch alone is minutes of work
         while time.monotonic() < deadline:
             try:
                 os.kill(server_pid, 0)

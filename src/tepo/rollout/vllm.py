@@ -230,6 +230,7 @@ class VLLMRollout:
         seed: int = 0,
         own_core: bool = False,
         gpu_memory_utilization: float = 0.3,
+        chunked_prefill: str = "auto",
     ):
         del autocast_bf16
         if tokenizer.pad_token_id is None:
@@ -285,6 +286,9 @@ class VLLMRollout:
                 # The server removes the weights folder when it exits, also when this process was SIGKILLed and
                 # could not: a leaked folder holds the model's size in /dev/shm, i.e. in RAM.
                 "--remove-model-dir-at-exit": 1,
+                # "auto": off on CPU, where a seeded request split over engine steps crashes vLLM 0.32
+                # (vllm_server._whole_prefill_settings); "on" only for unseeded requests (benchmarks).
+                "--chunked-prefill": chunked_prefill,
             }
             if kv_cache_gb is not None:  # else vLLM sizes it (on GPU: from gpu_memory_utilization)
                 options["--kv-cache-bytes"] = int(kv_cache_gb * 2**30)

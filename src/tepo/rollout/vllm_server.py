@@ -63,7 +63,7 @@ def _sampling_params(request: dict, prompt_number: int):
     )
 
 
-def _whole_prefill_settings(max_model_len: int) -> dict:
+def _whole_prefill_settings(max_model_len: int, chunked_prefill: str = "auto") -> dict:
     """Engine settings that keep every request's prefill inside one engine step, on the CPU platform only.
 
     Why: tepo seeds every sampled request (one ``torch.Generator`` per prompt, see :func:`_sampling_params`). When
@@ -79,11 +79,12 @@ def _whole_prefill_settings(max_model_len: int) -> dict:
     unseeded requests lose reproducibility (a resumed run would not sample what it would have), and splitting what
     tepo sends into waves only moves the budget problem to tepo. The cost, measured by
     ``benchmarks/bench_scaling.py``, is that a step with a long prefill is not mixed with decoding tokens.
-    On a GPU, generators have offsets and chunked prefill stays as vLLM sets it.
+    On a GPU, generators have offsets and chunked prefill stays as vLLM sets it. ``chunked_prefill``: "auto" (the
+    above), "on" (vLLM's default everywhere: only for unseeded requests, e.g. to measure the cost), "off".
     """
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
+    if chunked_prefill == "on" or (chunked_prefill == "auto" and not current_platform.is_cpu()):
         return {}
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(int(max_model_len), 4096)}
 
@@ -133,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--kv-cache-bytes", type=int, default=None, help="KV-cache budget (default: vLLM's)")
+    parser.add_argument(
+        "--chunked-prefill", choices=("auto", "on", "off"), default="auto", help="see _whole_prefill_settings"
+    )
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
     parser.add_argument("--remove-model-dir-at-exit", type=int, default=0, help="1: delete --model on exit")
@@ -145,7 +149,29 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(args.model, ignore_errors=True)
 
 
+def _exit_with_parent(weights_dir: str | None) -> None:
+    """Exit as soon as the trainer that started this server is gone, even in the middle of a generate.
+
+    Between requests a dead trainer shows as end-of-file on the request pipe, but a long generate (a 512-row batch,
+    a held-out evaluation) would otherwise run to its end first: a killed run left its server computing on every
+    core for minutes. A daemon thread notices the re-parenting within a second and ends the process (the engine
+    runs in this process: VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        if weights_dir:
+            shutil.rmtree(weights_dir, ignore_errors=True)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _serve(args) -> int:
+    _exit_with_parent(args.model if args.remove_model_dir_at_exit else None)
     requests = os.fdopen(args.in_fd, "r", encoding="utf-8")
     replies = os.fdopen(args.out_fd, "w", encoding="utf-8")
 
@@ -159,7 +185,7 @@ def _serve(args) -> int:
         from vllm import LLM
 
         llm = LLM(
-            **_whole_prefill_settings(args.max_model_len),
+            **_whole_prefill_settings(args.max_model_len, args.chunked_prefill),
             model=args.model,
             dtype=args.dtype,
             max_model_len=args.max_model_len,

@@ -46,6 +46,7 @@ from tepo.losses import get_policy_loss
 from tepo.losses.rollout_correction import correction_needs_old_pass, resolve_rollout_correction
 from tepo.metrics import MetricsLog, read_metrics, truncate_metrics
 from tepo.rewards import MathRewardPool
+from tepo.rollout.base import RolloutError
 from tepo.training.collect import Collected, OverlongShaping, SamplerSettings
 from tepo.training.datasets import load_datasets
 from tepo.training.evaluation import evaluate_held_out
@@ -349,11 +350,13 @@ class Trainer:
                 answer_format=c.reward.answer_format,
             ) as pool:
                 self._pool = pool
+                doing = "the initial policy's held-out evaluation"
                 before = self._initial_evaluation(pool)
                 progress = _progress_bar(c, initial=self.step)
                 self.start_overlap(pool)
                 while self.step < c.train.steps:
                     started = time.perf_counter()
+                    doing = f"step {self.step + 1}'s rollout"
                     row = train_step(self, pool, self.next_batch(pool))
                     row["step_seconds"] = time.perf_counter() - started  # waiting for an overlapped batch too
                     self.step += 1
@@ -366,6 +369,7 @@ class Trainer:
                     ):
                         if self._prefetch is not None:
                             self._prefetch.settle()  # the engine is needed for the evaluation
+                        doing = f"the held-out evaluation after step {self.step}"
                         row.update(self.evaluate(pool))
                     row["bad_steps_in_row"] = self.bad_steps_in_row
                     totals = self.reward_totals()
@@ -385,7 +389,11 @@ class Trainer:
                 progress.close()
                 if self.eval_problems:
                     self.log("evaluating the trained policy")
+                doing = "the trained policy's held-out evaluation"
                 after = self.evaluate(pool)
+        except RolloutError as err:
+            # The step's row was not logged and no checkpoint was written for it: `--resume` redoes that step.
+            raise err.add_context(doing) from None
         finally:  # clean-up
             self.stop_overlap()
             if progress is not None:
