@@ -1,5 +1,5 @@
 """Options that keep the policy term on a subset of tokens, for any loss: off_policy_mask, top_entropy_quantile,
-m2po_threshold (docs/algorithms.md#the-2026-objectives). Each is off (None) by default.
+m2po_threshold (docs/algorithms.md#options-of-the-2026-objectives). Each is off (None) by default.
 
 A dropped token's per-token term is replaced by 0 (``torch.where``: no gradient reaches it through that term) and
 the token stays in the aggregation's counts, as TRL does; the regularizers (entropy bonus, KL to the reference)
