@@ -7,7 +7,8 @@ python scripts/gpu_check.py run KIT OUT [--cpu]    on the GPU machine: a random-
                                                    resume after a SIGKILL, phase times and peak GPU memory; then the
                                                    vLLM backend where vLLM is found. --cpu: the same on the CPU with a
                                                    2-layer model (a dry run of the script's own logic)
-Exit status 0 when every check passed; the report is OUT/report.txt (small text, meant to be committed).
+Exit status 0 when every check passed. OUT gets only small text files (report.txt, meant to be committed, and the
+runs' logs); the model and the runs' checkpoints live in a scratch folder, removed at the end (TEPO_KEEP_WORK=1 keeps it).
 """
 
 from __future__ import annotations
@@ -96,9 +97,23 @@ def weights(path: Path) -> dict:
 
 
 def run_check(kit: Path, out: Path, *, cpu: bool) -> int:
-    import torch
+    import tempfile
 
     out.mkdir(parents=True, exist_ok=True)
+    # The model and the runs (checkpoints: hundreds of MB) go to a scratch folder; OUT keeps the small text files.
+    work = Path(tempfile.mkdtemp(prefix="tepo-gpu-check-"))
+    try:
+        return _run_check(kit, out, work, cpu=cpu)
+    finally:
+        if os.environ.get("TEPO_KEEP_WORK") != "1":
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_check(kit: Path, out: Path, work: Path, *, cpu: bool) -> int:
+    import torch
+
+    for name in ("straight.log", "killed.log", "vllm.log"):  # this check's logs only
+        (out / name).unlink(missing_ok=True)
     report: list[str] = []
     failures: list[str] = []
 
@@ -124,14 +139,14 @@ def run_check(kit: Path, out: Path, *, cpu: bool) -> int:
         (out / "report.txt").write_text("\n".join(report) + "\n")
         return 1
 
-    model_dir = build_model(kit, out / "random-model", layers=2 if cpu else None)
+    model_dir = build_model(kit, work / "random-model", layers=2 if cpu else None)
     params = sum(p.numel() for p in weights(model_dir / "model.safetensors").values())
     say(f"model: {model_dir} (random weights, {params / 1e6:.1f}M parameters from {kit / 'config.json'})")
     common = [
         f"model.name={model_dir}",
         f"train.device={device}",
         "rollout.backend=hf",
-        f"train.output_dir={out / 'runs'}",
+        f"train.output_dir={work / 'runs'}",
         "train.steps=3",
         "train.save_every=1",
         "train.keep_last=0",
@@ -147,12 +162,11 @@ def run_check(kit: Path, out: Path, *, cpu: bool) -> int:
             "rollout.max_new_tokens=8",
             "eval.size=2",
         ]
-    shutil.rmtree(out / "runs", ignore_errors=True)
 
     # 1. Three steps, uninterrupted.
     started = time.perf_counter()
     tepo_train([*common, "train.run_name=straight"], out / "straight.log")
-    straight = out / "runs" / "straight"
+    straight = work / "runs" / "straight"
     rows = rows_of(straight)
     say(f"\n3-step run: {time.perf_counter() - started:.0f} s (load, eval before/after included)")
     check([r["step"] for r in rows] == [1, 2, 3], "three metrics rows")
@@ -175,7 +189,7 @@ def run_check(kit: Path, out: Path, *, cpu: bool) -> int:
     # 2. The same run SIGKILLed after its step-2 checkpoint, then resumed: the same metrics and final weights.
     killed_log = out / "killed.log"
     proc = tepo_train([*common, "train.run_name=killed"], killed_log, background=True)
-    killed = out / "runs" / "killed"
+    killed = work / "runs" / "killed"
     manifest = killed / "checkpoints" / "step_000002" / "manifest.json"
     deadline = time.time() + 1800
     while not manifest.exists() and proc.poll() is None and time.time() < deadline:
@@ -202,7 +216,7 @@ def run_check(kit: Path, out: Path, *, cpu: bool) -> int:
 
     # 3. vLLM on the same GPU, where this machine has it.
     if not cpu:
-        vllm_run(common, out, say, check)
+        vllm_run(common, out, work, say, check)
     say(
         f"\n{'all checks passed' if not failures else f'{len(failures)} check(s) failed: ' + '; '.join(failures)}"
     )
@@ -210,7 +224,7 @@ def run_check(kit: Path, out: Path, *, cpu: bool) -> int:
     return 0 if not failures else 1
 
 
-def vllm_run(common: list[str], out: Path, say, check) -> None:
+def vllm_run(common: list[str], out: Path, work: Path, say, check) -> None:
     from tepo.rollout.vllm import VLLMServerError, find_vllm_python
 
     try:
@@ -222,7 +236,7 @@ def vllm_run(common: list[str], out: Path, say, check) -> None:
         [*common, "rollout.backend=vllm", f"rollout.vllm_python={python}", "train.run_name=vllm"],
         out / "vllm.log",
     )
-    rows = rows_of(out / "runs" / "vllm")
+    rows = rows_of(work / "runs" / "vllm")
     say(f"\nvLLM backend ({python}):")
     check(all(math.isfinite(r["loss"]) for r in rows), "vLLM run: finite loss at every step")
     for r in rows:
