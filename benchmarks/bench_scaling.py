@@ -40,10 +40,11 @@ QUICK_SHAPES = [(2, 4, 32), (4, 4, 64)]
 
 
 def sweep_shapes() -> list[tuple[int, int, int]]:
-    """(prompts, samples, new tokens): the prompt sweep, then the length sweep without the shared point twice."""
+    """(prompts, samples, new tokens): both sweeps, the shared point once, cheapest first (a sweep cut short by the
+    session's end still has the small shapes)."""
     shapes = [(p, SAMPLES, 256) for p in PROMPT_SWEEP]
     shapes += [(16, SAMPLES, t) for t in LENGTH_SWEEP if (16, SAMPLES, t) not in shapes]
-    return shapes
+    return sorted(shapes, key=lambda s: s[0] * s[1] * s[2])
 
 
 def _key(side: str, shape) -> str:
@@ -226,8 +227,11 @@ def main(argv=None) -> None:
             raise SystemExit(f"no GSM8K training rows at {data}: pass --data-dir (or set $TEPO_DATA_DIR)")
         shapes = QUICK_SHAPES if args.quick else sweep_shapes()
         trl = set() if args.quick else {s for s in args.trl_shapes.split(",") if s}
-        plan = [(args.variant, shape) for shape in shapes]
-        plan += [("trl", shape) for shape in shapes if f"{shape[0]}x{shape[1]}:{shape[2]}" in trl]
+        plan = []
+        for shape in shapes:  # TRL right after tepo at its shapes: the two are measured under the same load
+            plan.append((args.variant, shape))
+            if f"{shape[0]}x{shape[1]}:{shape[2]}" in trl:
+                plan.append(("trl", shape))
         done = read_results(results_path)
         print(
             f"load average at start: {load_average()}; threads {args.threads}; {len(plan)} runs", flush=True

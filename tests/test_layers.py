@@ -38,6 +38,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                 "rollout",
                 "lora",
                 "hub",
+                "device",  # train.device resolution: torch only
                 "metrics",
                 "checkpoint",
                 "batch",

@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -511,3 +512,66 @@ def test_an_engine_failure_in_tepo_eval_is_one_line_naming_the_cause(
     assert not any("Traceback" in line for line in err)
     with pytest.raises(VLLMServerError, match="exited with code 3"):
         main([*argv, "--debug"])
+
+
+@pytest.mark.slow
+def test_a_server_that_dies_mid_run_stops_training_in_one_line_and_the_run_resumes(
+    tmp_path, embedded_model_dir
+):
+    """The engine dies after step 1 (SIGKILL, as the OOM killer would): `tepo train` exits 1 with one line naming
+    the step and the cause, no traceback; step 1's metrics row and checkpoint are intact, and `--resume` finishes
+    the run from there."""
+    import glob
+    import signal
+    import subprocess
+    import sys
+
+    from tepo.metrics import read_metrics
+
+    python = vllm_python_or_skip()
+    overrides = [
+        *small_vllm_run_overrides(tmp_path, python),
+        "train.steps=3",
+        "train.save_every=1",
+        "eval.size=0",
+    ]
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "tepo.cli", "train", *overrides],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline and trainer.poll() is None:
+            logs = list(tmp_path.glob("*/metrics.jsonl"))
+            if logs and read_metrics(logs[0]):
+                break
+            time.sleep(0.1)
+        assert trainer.poll() is None, "the run ended before its first step was logged"
+        # The server's weights folder names its owners: the trainer's pid, then the server's.
+        for owners in glob.glob("/dev/shm/tepo-vllm-weights-*/owners.pid"):
+            pids = [int(p) for p in Path(owners).read_text().split()]
+            if pids[0] == trainer.pid:
+                os.kill(pids[1], signal.SIGKILL)
+                break
+        else:
+            pytest.fail("no vLLM server of this trainer found")
+        _, err = trainer.communicate(timeout=600)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert trainer.returncode == 1
+    lines = err.strip().splitlines()
+    assert lines[-1].startswith("tepo: error: the vLLM server")
+    assert (
+        "while generating step 2's rollout" in lines[-1] and "resume with `tepo train --resume" in lines[-1]
+    )
+    assert not any("Traceback" in line for line in lines)
+    (run_dir,) = [p for p in tmp_path.iterdir() if (p / "metrics.jsonl").exists()]
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1]
+
+    from tepo.cli import main
+
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
