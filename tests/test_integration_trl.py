@@ -270,9 +270,13 @@ def test_refuses_what_it_cannot_honour(tmp_path, embedded_model):
         _trainer(tmp_path, model, tokenizer, loss_options={"bogus": 1})
     with pytest.raises(ValueError, match=r"kl_coef in loss_options: set GRPOConfig\(beta"):
         _trainer(tmp_path, model, tokenizer, loss_options={"kl_coef": 0.1})
-    with pytest.raises(ValueError, match="top_entropy_quantile"):
-        _trainer(tmp_path, model, tokenizer, config={"top_entropy_quantile": 0.2})
-    with pytest.raises(ValueError, match="needs entropy, mask at advantage time, which TRL does not compute"):
+    # TRL options with no equal are refused before TRL loads anything (the mapped ones:
+    # tests/test_integration_trl_config.py).
+    with pytest.raises(ValueError, match=r"delta=2\.0 .* which loss 'tepo' does not take"):
+        _trainer(tmp_path, model, tokenizer, config={"delta": 2.0})
+    with pytest.raises(ValueError, match="GRPOConfig sets loss_type='sapo'"):
+        _trainer(tmp_path, model, tokenizer, config={"loss_type": "sapo"})
+    with pytest.raises(ValueError, match="needs entropy at advantage time, which TRL does not compute"):
         _trainer(tmp_path, model, tokenizer, advantage_estimator="entropy_adv")
     with pytest.raises(ValueError, match="unknown advantage_estimator"):
         _trainer(tmp_path, model, tokenizer, advantage_estimator="nope")

@@ -65,6 +65,7 @@ Every metric of `compute_policy_loss` is averaged over processes and appended to
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Any
@@ -79,7 +80,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, estimator_requires, filter_groups
-from tepo.losses import compute_policy_loss, get_policy_loss, valid_options
+from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, plan_loss
+from tepo.integrations.trl_metrics import TrlMetrics
+from tepo.integrations.trl_metrics import column as adv_column
+from tepo.losses import compute_policy_loss, get_policy_loss, mini_batch_stats
 
 logger = logging.getLogger(__name__)
 
@@ -100,35 +104,6 @@ _MULTIMODAL_KEYS = (
     "mm_token_type_ids",
     "image_position_ids",
 )
-
-
-def _refuse_unsupported(args: Any, loss_options: dict[str, Any]) -> None:
-    """One clear error for every TRL feature that would add a term `compute_policy_loss` does not compute."""
-    problems = []
-    if "kl_coef" in loss_options:
-        problems.append(
-            "kl_coef in loss_options: set GRPOConfig(beta=...) instead (beta is what makes TRL load the reference "
-            "model; the adapter passes it to the loss as kl_coef)"
-        )
-    if getattr(args, "top_entropy_quantile", 1.0) < 1.0:
-        problems.append("top_entropy_quantile < 1 (TRL's high-entropy token mask) is not a tepo loss term")
-    if getattr(args, "off_policy_mask_threshold", None) is not None:
-        problems.append("off_policy_mask_threshold (DeepSeek-V3.2 sequence mask) is not a tepo loss term")
-    if getattr(args, "delta", None) is not None:
-        problems.append("delta (two-sided clipping) is not a tepo loss option")
-    if getattr(args, "entropy_coef", 0.0) != 0.0 or getattr(args, "use_adaptive_entropy", False):
-        problems.append(
-            "GRPOConfig.entropy_coef / use_adaptive_entropy: use loss_options={'entropy_coef': ...} instead"
-        )
-    if getattr(args, "beta", 0.0) != 0.0 and getattr(args, "use_bias_correction_kl", False):
-        problems.append(
-            "beta > 0 with use_bias_correction_kl=True: the tepo KL term is the plain k1/k2/k3 estimate; set "
-            "use_bias_correction_kl=False"
-        )
-    if getattr(args, "use_liger_kernel", False):
-        problems.append("use_liger_kernel=True bypasses the loss hook this adapter overrides")
-    if problems:
-        raise ValueError("TepoGRPOTrainer cannot honour: " + "; ".join(problems))
 
 
 class TepoGRPOTrainer(GRPOTrainer):
@@ -152,49 +127,50 @@ class TepoGRPOTrainer(GRPOTrainer):
     def __init__(
         self,
         *args: Any,
-        loss_name: str = "tepo",
+        loss_name: str | None = "tepo",
         loss_options: dict[str, Any] | None = None,
         advantage_estimator: str | None = None,
         advantage_options: dict[str, Any] | None = None,
         dynamic_sampling: bool = False,
         **kwargs: Any,
     ) -> None:
-        spec = get_policy_loss(loss_name)  # unknown name -> ValueError listing the registry
+        if loss_name is not None:
+            get_policy_loss(loss_name)  # unknown name -> ValueError listing the registry
         loss_options = dict(loss_options or {})
-        unknown = sorted(set(loss_options) - set(valid_options(spec)))
-        if unknown:
-            raise ValueError(
-                f"unknown loss_options {', '.join(unknown)} for policy loss {loss_name!r}; valid options: "
-                f"{', '.join(o for o in valid_options(spec) if o not in ('kl_coef', 'num_seqs'))}"
-            )
         if advantage_estimator is not None:
             if advantage_estimator not in ADVANTAGE_ESTIMATORS:
                 raise ValueError(
                     f"unknown advantage_estimator {advantage_estimator!r}; registered: "
                     f"{', '.join(ADVANTAGE_ESTIMATORS)}"
                 )
-            needs = estimator_requires(advantage_estimator, advantage_options)
-            if needs:
-                # TRL computes advantages from rewards alone: no log-probs or entropies exist at that point.
-                rewards_only = [n for n in ADVANTAGE_ESTIMATORS if not estimator_requires(n)]
+            # TRL computes advantages from rewards and the completion mask: no log-probs or entropies exist then.
+            missing = estimator_requires(advantage_estimator, advantage_options) - {"mask"}
+            if missing:
+                available = [n for n in ADVANTAGE_ESTIMATORS if not estimator_requires(n) - {"mask"}]
                 raise ValueError(
-                    f"advantage_estimator {advantage_estimator!r} needs {', '.join(sorted(needs))} at advantage "
-                    f"time, which TRL does not compute; use one of {', '.join(rewards_only)}"
+                    f"advantage_estimator {advantage_estimator!r} needs {', '.join(sorted(missing))} at advantage "
+                    f"time, which TRL does not compute; use one of {', '.join(available)}"
                 )
         elif advantage_options:
             raise ValueError("advantage_options given without advantage_estimator")
         train_args = kwargs.get("args", args[2] if len(args) > 2 else None)
         if train_args is not None:  # fail before TRL loads models or starts vLLM
-            _refuse_unsupported(train_args, loss_options)
-        self.loss_name = loss_name
-        self.loss_options = loss_options
+            plan_loss(train_args, loss_name, loss_options)
         self.advantage_estimator = advantage_estimator
         self.advantage_options = dict(advantage_options or {})
         self.dynamic_sampling = bool(dynamic_sampling)
         self._tepo_captured_entropies: list[torch.Tensor] | None = None
         self._tepo_rewards_per_func: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
-        _refuse_unsupported(self.args, loss_options)  # args may have been built by GRPOTrainer itself
+        plan = plan_loss(self.args, loss_name, loss_options)  # args may have been built by GRPOTrainer itself
+        self._tepo_plan = plan
+        self.loss_name = plan.name
+        self.loss_options = plan.options
+        for note in plan.notes:
+            logger.info("TepoGRPOTrainer: %s", note)
+        if self.loss_name in ("tepo", "tepo_token") and self.importance_sampling_level == "sequence":
+            # TRL has just warned about exactly this configuration (sequence ratio, token-sum loss).
+            logger.warning("TepoGRPOTrainer: %s", TEPO_LENGTH_WEIGHTING)
         if self.beta != 0.0:
             self.loss_options["kl_coef"] = self.beta
         self.loss_options.setdefault("max_len", self.max_completion_length)
@@ -267,7 +243,11 @@ class TepoGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         if self.advantage_estimator is not None:
             advantages = compute_advantages(
-                self.advantage_estimator, rewards.float().cpu(), group_size, **self.advantage_options
+                self.advantage_estimator,
+                rewards.float().cpu(),
+                group_size,
+                mask=self._global_completion_mask(output),
+                **self.advantage_options,
             )
             output["advantages"] = advantages[rows].to(
                 output["advantages"].device, output["advantages"].dtype
@@ -277,6 +257,17 @@ class TepoGRPOTrainer(GRPOTrainer):
             output[_KEEP] = result.keep_mask[rows].to(output["completion_mask"].device)
             for key, value in result.metrics.items():
                 self._metrics[mode][f"tepo/dynamic_sampling/{key}"].append(float(value))
+
+    def _global_completion_mask(self, output: dict[str, Any]) -> torch.Tensor:
+        """[N_global, T'] mask of every process's completion tokens (TRL's completion and tool masks), rows in
+        the order of the global rewards; only the lengths are exchanged (the estimators that read a mask at
+        advantage time, opo, use each row's token count)."""
+        mask = output["completion_mask"].bool()
+        if output.get("tool_mask") is not None:
+            mask = mask & output["tool_mask"].bool()
+        lengths = self.accelerator.gather(mask.sum(dim=-1)).cpu()
+        width = max(int(lengths.max().item()) if lengths.numel() else 0, 1)
+        return torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
 
     # ------------------------------------------------------------------------------------------------------
     # Global counts per optimizer window.
@@ -380,21 +371,46 @@ class TepoGRPOTrainer(GRPOTrainer):
         rollout_logp = inputs.get("sampling_per_token_logps")
         if rollout_logp is not None:
             rollout_logp = torch.where(torch.isnan(rollout_logp), old_logps.detach(), rollout_logp)
+        mode = "train" if self.model.training else "eval"
+        tensors = dict(logp=logps, old_logp=old_logps, advantages=inputs["advantages"], mask=mask)
+        batch_stats, entropy_keep = None, None
+        if options.get("top_entropy_quantile") is not None:
+            # TRL's selection: the quantile of this micro-batch's entropies over all processes (in float32, as
+            # TRL computes it), not tepo's optimizer mini-batch: the adapter follows TRL here.
+            threshold = self._trl_entropy_threshold(entropies, mask, options["top_entropy_quantile"])
+            stats = mini_batch_stats(
+                self.loss_name, **tensors, entropy=entropies, rollout_logp=rollout_logp, **options
+            )
+            selection = dataclasses.replace(stats.selection, entropy_threshold=threshold)
+            batch_stats = dataclasses.replace(stats, selection=selection)
+            entropy_keep = mask & (entropies.detach() >= threshold)
         loss, metrics = compute_policy_loss(
             self.loss_name,
-            logp=logps,
-            old_logp=old_logps,
-            advantages=inputs["advantages"],
-            mask=mask,
+            **tensors,
             ref_logp=inputs.get("ref_per_token_logps"),
             entropy=entropies,
             old_entropy=old_entropy,
             num_tokens=num_tokens,
             is_weights=is_weights,
             rollout_logp=rollout_logp,
+            batch_stats=batch_stats,
             **options,
         )
-        mode = "train" if self.model.training else "eval"
+        accumulation = 1.0
+        if (
+            mode == "train"
+        ):  # Trainer sets it per window; a loss called outside its loop sees the configured GA
+            accumulation = getattr(
+                self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps
+            )
+        without_entropy = loss.detach() - metrics.get("entropy_bonus", 0.0)
+        if self._tepo_plan.trl_entropy_coef != 0.0:
+            loss = loss - self._tepo_plan.trl_entropy_coef * self._trl_entropy_mean(
+                entropies, mask if entropy_keep is None else entropy_keep, accumulation
+            )
+            metrics["trl_entropy_bonus"] = float(loss.detach() - metrics["loss"])
+            metrics["loss"] = float(loss.detach())
+        self._log_trl_metrics(mode, tensors, inputs, entropies, without_entropy, accumulation)
         if self.aux_loss_enabled:
             # As TRL: the MoE router loss is a model term, scaled for gradient accumulation.
             normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
@@ -404,6 +420,64 @@ class TepoGRPOTrainer(GRPOTrainer):
             )
         self._log_loss_metrics(mode, metrics)
         return loss
+
+    def _trl_entropy_threshold(self, entropies: torch.Tensor, mask: torch.Tensor, rho: float) -> float:
+        """TRL's ``get_high_entropy_mask`` threshold: the (1 - rho) quantile (float32) of every process's loss
+        tokens' entropies in this micro-batch; +inf (nothing kept) when there are none, as TRL."""
+        local = entropies.detach()[mask].float()
+        pad = -1e9  # entropies are >= 0, so the sentinel cannot collide
+        gathered = self.accelerator.gather(self.accelerator.pad_across_processes(local, dim=0, pad_index=pad))
+        gathered = gathered[gathered != pad]
+        if gathered.numel() == 0:
+            return math.inf
+        return float(torch.quantile(gathered, 1.0 - rho))
+
+    @staticmethod
+    def _trl_entropy_mean(entropies: torch.Tensor, mask: torch.Tensor, accumulation: float) -> torch.Tensor:
+        """TRL's entropy bonus: the token mean of H over this micro-batch's (selected) loss tokens, divided by
+        gradient accumulation, whatever the loss's aggregation (tepo's ``entropy_coef`` follows the loss's)."""
+        zero = torch.zeros((), dtype=entropies.dtype, device=entropies.device)
+        total = torch.where(mask, entropies, zero).sum()
+        return total / mask.sum().clamp(min=1).to(entropies.dtype) / accumulation
+
+    def _log_trl_metrics(self, mode, tensors, inputs, entropies, without_entropy, accumulation) -> None:
+        """TRL's own metric names with TRL's meaning (`tepo.integrations.trl_metrics`), beside ``tepo/*``."""
+        plan = self._tepo_plan
+        out = TrlMetrics(
+            tensors["mask"],
+            reduce_sum=lambda x: self.accelerator.reduce(x, reduction="sum"),
+            gather=self.accelerator.gather,
+        )
+        logged = self._metrics[mode]
+        ref = inputs.get("ref_per_token_logps")
+        if self.beta != 0.0 and ref is not None:
+            estimator = self.loss_options.get("kl_estimator", "k3")
+            logged["kl"].append(out.kl(tensors["logp"], ref, tensors["old_logp"], estimator))
+        logged["entropy"].append(out.global_mean(entropies))
+        for key, value in out.clip_ratios(
+            plan, tensors["logp"], tensors["old_logp"], tensors["advantages"]
+        ).items():
+            logged[key].append(value)
+        if self.loss_name == "vespo":
+            weights = {**get_policy_loss("vespo").defaults, **self.loss_options}
+            phi = GRPOTrainer.get_gamma_weights(
+                advantages=adv_column(tensors["advantages"]),
+                log_ratio_per_token=tensors["logp"].detach() - tensors["old_logp"],
+                mask=tensors["mask"],
+                importance_sampling_ratio=None,
+                k_pos=weights["k_pos"],
+                lambda_pos=weights["lam_pos"],
+                k_neg=weights["k_neg"],
+                lambda_neg=weights["lam_neg"],
+            )
+            logged["vespo/phi_seq_mean"].append(out.global_mean(phi))
+        scale = accumulation if plan.policy_loss_per_micro_batch else 1.0
+        policy = torch.tensor(
+            float(without_entropy) * scale, dtype=torch.float64, device=self.accelerator.device
+        )
+        logged["policy_loss"].append(self.accelerator.gather(policy).nanmean().item())
+        if plan.trl_entropy_coef != 0.0 and mode == "train" and self.accelerator.sync_gradients:
+            logged["entropy_coef"].append(plan.trl_entropy_coef)
 
     @staticmethod
     def _sampler_is_weights(inputs: dict[str, Any], logps: torch.Tensor) -> torch.Tensor | None:

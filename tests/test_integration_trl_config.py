@@ -1,0 +1,355 @@
+"""`TepoGRPOTrainer` honours what a TRL user sets in ``GRPOConfig`` (issue #25 item 3): each mapping equals TRL
+1.16's builtin ``GRPOTrainer._compute_loss`` on the same batch, TRL's metrics are logged under TRL's names with
+TRL's values, and what has no equal is refused with a message naming it.
+
+The trainers are real ``TepoGRPOTrainer`` objects (a small random Llama and the embedded model's tokenizer, built
+with the GRPOConfig each case names, ``loss_name=None``: the loss is the one GRPOConfig describes). Only their
+log-prob pass is replaced, by a function returning the test's float64 tensors, so that TRL's loss code and the
+adapter's run unchanged on exactly the same inputs; value, gradient (w.r.t. the log-probs and the entropies)
+and TRL's logged metrics are compared at float64.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+from datasets import Dataset
+from transformers import AutoTokenizer, LlamaForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from tepo.advantages import compute_advantages
+from tepo.integrations.trl import TepoGRPOTrainer
+from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, plan_loss
+
+F64 = torch.float64
+N, T = 4, 5
+
+
+def _reward(completions, **kwargs):
+    """Never called (no generation here); GRPOTrainer requires a reward function."""
+    return [0.0 for _ in completions]
+
+
+def _config(tmp_path, **overrides) -> GRPOConfig:
+    base = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_completion_length=T,
+        report_to="none",
+        save_strategy="no",
+        bf16=False,
+        seed=0,
+    )
+    base.update(overrides)
+    return GRPOConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def build(tiny_model_dir, tmp_path_factory, one_torch_thread):
+    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def _build(loss_name=None, loss_options=None, **config):
+        trainer = TepoGRPOTrainer(
+            model=model,
+            reward_funcs=_reward,
+            args=_config(tmp_path_factory.mktemp("out"), **config),
+            train_dataset=Dataset.from_list([{"prompt": "2 + 3 ="}] * 4),
+            processing_class=tokenizer,
+            loss_name=loss_name,
+            loss_options=loss_options,
+        )
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which these tests do not run
+        return trainer
+
+    return _build
+
+
+def _batch(seed=0, lengths=(T, T - 2, 2, T - 1)):
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.ones(N, T, dtype=torch.long)
+    for i, length in enumerate(lengths):
+        mask[i, length:] = 0
+    old = -torch.rand(N, T, generator=gen, dtype=F64) * 2 - 0.1
+    return {
+        "logp": old + 0.3 * torch.randn(N, T, generator=gen, dtype=F64),
+        "old": old,
+        "ref": old + 0.3 * torch.randn(N, T, generator=gen, dtype=F64),
+        "sampling": old + 0.2 * torch.randn(N, T, generator=gen, dtype=F64),
+        "entropy": torch.rand(N, T, generator=gen, dtype=F64) * 2,
+        "adv": torch.tensor([1.0, -0.5, 0.8, -1.2], dtype=F64),
+        "mask": mask,
+    }
+
+
+def _run(trainer, loss_fn, b, sampling=False):
+    """``loss_fn(trainer, model, inputs)`` on batch ``b``: value, gradients w.r.t. logp and entropy, and the
+    metrics it logged."""
+    logp = b["logp"].clone().requires_grad_(True)
+    entropy = b["entropy"].clone().requires_grad_(True)
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logp, entropy, None)
+    inputs = {
+        "prompt_ids": torch.zeros(N, 1, dtype=torch.long),
+        "prompt_mask": torch.ones(N, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(N, T, dtype=torch.long),
+        "completion_mask": b["mask"],
+        "advantages": b["adv"],
+        "old_per_token_logps": b["old"],
+        "ref_per_token_logps": b["ref"],
+        "num_items_in_batch": b["mask"].sum().to(F64),
+    }
+    if sampling:
+        inputs["sampling_per_token_logps"] = b["sampling"]
+    trainer._metrics["train"].clear()
+    loss = loss_fn(trainer, trainer.model, inputs)
+    loss.backward()
+    zeros = torch.zeros_like(entropy)
+    grad_h = entropy.grad if entropy.grad is not None else zeros
+    logged = {key: values[-1] for key, values in trainer._metrics["train"].items()}
+    return loss.detach(), logp.grad, grad_h, logged
+
+
+def _assert_equal_to_trl(trainer, b, sampling=False):
+    trl_loss, trl_grad, trl_grad_h, trl_logged = _run(trainer, GRPOTrainer._compute_loss, b, sampling)
+    ours, grad, grad_h, logged = _run(trainer, TepoGRPOTrainer._compute_loss, b, sampling)
+    assert trl_loss.item() != 0.0
+    torch.testing.assert_close(ours, trl_loss, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad, trl_grad, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad_h, trl_grad_h, rtol=1e-12, atol=1e-15)
+    # TRL's own metrics, under TRL's names, with TRL's values (TRL averages its clip indicators in float32).
+    assert trl_logged, "TRL logged nothing"
+    for key, value in trl_logged.items():
+        assert key in logged, f"TRL logs {key!r}, the adapter does not"
+        if math.isnan(value):
+            assert math.isnan(logged[key]), key
+        else:
+            assert logged[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+    assert "tepo/loss" in logged
+    return trl_loss, trl_logged
+
+
+# (GRPOConfig overrides, the registry loss it must map to, a check that the case is not vacuous)
+CASES = {
+    # TRL's default config with a KL term: use_bias_correction_kl is on by default -> k3_unbiased.
+    "defaults+beta": (dict(beta=0.04), "dapo"),
+    "grpo": (dict(loss_type="grpo", epsilon=0.2, epsilon_high=0.28), "grpo"),
+    "bnpo": (dict(loss_type="bnpo"), "dapo"),
+    "dr_grpo": (dict(loss_type="dr_grpo", beta=0.04, use_bias_correction_kl=False), "dr_grpo"),
+    "luspo/token": (dict(loss_type="luspo"), "grpo"),
+    "luspo/sequence": (dict(loss_type="luspo", importance_sampling_level="sequence"), "luspo"),
+    "cispo": (dict(loss_type="cispo", epsilon_high=1.2), "cispo"),
+    # 1.25 is exact in float32 (TRL's temperatures are float32: see the test of the default 1.05 below)
+    "sapo": (dict(loss_type="sapo", sapo_temperature_neg=1.25, beta=0.04), "sapo"),
+    "sapo/temps": (dict(loss_type="sapo", sapo_temperature_pos=2.0, sapo_temperature_neg=0.5), "sapo"),
+    "vespo": (dict(loss_type="vespo"), "vespo"),
+    "vespo/params": (dict(loss_type="vespo", vespo_k_pos=1.0, vespo_lambda_neg=4.0), "vespo"),
+    "grpo/sequence": (dict(loss_type="grpo", importance_sampling_level="sequence", epsilon=0.05), "gspo"),
+    "dapo/sequence": (dict(importance_sampling_level="sequence"), "tepo"),
+    "dr_grpo/sequence": (dict(loss_type="dr_grpo", importance_sampling_level="sequence"), "tepo"),
+    "delta": (dict(loss_type="grpo", epsilon_high=0.28, delta=1.35), "grpo"),
+    # drops row 3 (A < 0, mean drift -0.0016 > -0.01), keeps row 1 (-0.031)
+    "off_policy_mask": (dict(off_policy_mask_threshold=-0.01), "dapo"),
+    "top_entropy_quantile": (dict(loss_type="grpo", top_entropy_quantile=0.5), "grpo"),
+    "entropy_coef": (dict(loss_type="dr_grpo", entropy_coef=0.05), "dr_grpo"),
+    "entropy_coef+quantile": (dict(entropy_coef=0.05, top_entropy_quantile=0.3, beta=0.04), "dapo"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trl_config_maps_to_a_registry_loss_equal_to_trls(build, case):
+    config, name = CASES[case]
+    trainer = build(**config)
+    assert trainer.loss_name == name
+    _assert_equal_to_trl(trainer, _batch())
+
+
+def test_trl_defaults_with_beta_are_dapo_with_the_unbiased_kl(build):
+    trainer = build(beta=0.04)
+    options = trainer.loss_options
+    assert (options["eps_low"], options["eps_high"], options["kl_estimator"]) == (0.2, 0.2, "k3_unbiased")
+    assert options["kl_coef"] == 0.04
+    # loss_name keeps its meaning with TRL's default config: tepo, with TRL's default KL estimator.
+    assert build(loss_name="tepo", beta=0.04).loss_options["kl_estimator"] == "k3_unbiased"
+
+
+def test_each_trl_option_changes_the_loss(build):
+    """The equality cases above are not vacuous: on that batch delta, the off-policy mask, the entropy
+    selection and the sampler's log-probs each change TRL's loss (so the adapter had to reproduce them)."""
+    b = _batch()
+
+    def trl_value(sampling=False, **config):
+        return _run(build(**config), GRPOTrainer._compute_loss, b, sampling)[0].item()
+
+    plain = trl_value(loss_type="grpo", epsilon_high=0.28)
+    assert trl_value(loss_type="grpo", epsilon_high=0.28, delta=1.35) != pytest.approx(plain, rel=1e-6)
+    assert trl_value(loss_type="grpo", top_entropy_quantile=0.5) != pytest.approx(
+        trl_value(loss_type="grpo"), rel=1e-6
+    )
+    assert trl_value(off_policy_mask_threshold=-0.01) != pytest.approx(trl_value(), rel=1e-6)
+    # at 0.02 no row drifts that far from pi_old, but rows 1 and 3 do from the sampler's log-probs
+    assert trl_value(off_policy_mask_threshold=0.02) == trl_value()
+    assert trl_value(sampling=True, off_policy_mask_threshold=0.02) != pytest.approx(trl_value(), rel=1e-6)
+
+
+def test_off_policy_mask_reads_trls_sampling_logps(build):
+    # With use_vllm TRL keeps vLLM's log-probs; OPSM reads them, and so does the adapter (as rollout_logp).
+    trainer = build(off_policy_mask_threshold=0.02)
+    _assert_equal_to_trl(trainer, _batch(), sampling=True)
+
+
+def test_sapo_default_differs_only_by_trls_float32_temperature(build):
+    """TRL builds SAPO's temperatures with ``torch.where(A > 0, tau_pos, tau_neg)`` from python floats, i.e. in
+    float32: its default tau_neg 1.05 is float32(1.05) = 1.0499999523. The adapter passes 1.05 (the paper's);
+    with float32(1.05) it equals TRL at float64, with 1.05 it differs by that rounding only."""
+    trainer = build(loss_type="sapo")
+    assert trainer.loss_options["tau_neg"] == 1.05
+    b = _batch()
+    trl_loss, trl_grad, _, _ = _run(trainer, GRPOTrainer._compute_loss, b)
+    ours, grad, _, _ = _run(trainer, TepoGRPOTrainer._compute_loss, b)
+    torch.testing.assert_close(ours, trl_loss, rtol=1e-6, atol=0.0)
+    assert abs(ours.item() - trl_loss.item()) > 1e-12
+    trainer.loss_options["tau_neg"] = float(torch.tensor(1.05, dtype=torch.float32))
+    ours, grad, _, _ = _run(trainer, TepoGRPOTrainer._compute_loss, b)
+    torch.testing.assert_close(ours, trl_loss, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad, trl_grad, rtol=1e-12, atol=1e-15)
+
+
+def test_trl_entropy_coef_is_a_token_mean_not_the_losss_aggregation(build):
+    """GRPOConfig.entropy_coef is TRL's bonus, ``coef * sum(m*H) / sum(m)`` (per micro-batch, / GA), whatever
+    the loss type; loss_options entropy_coef follows the loss's aggregation, for dr_grpo
+    ``coef * sum(m*H) / (N * max_completion_length)``. On a batch with 10 of N*L = 20 tokens that is 0.5x."""
+    b = _batch(lengths=(T, 3, 1, 1))
+    assert int(b["mask"].sum()) * 2 == N * T
+    with_trl = build(loss_type="dr_grpo", entropy_coef=0.05)
+    with_tepo = build(loss_type="dr_grpo", loss_options={"entropy_coef": 0.05})
+    _, _, grad_trl, logged_trl = _run(with_trl, TepoGRPOTrainer._compute_loss, b)
+    _, _, grad_tepo, logged_tepo = _run(with_tepo, TepoGRPOTrainer._compute_loss, b)
+    h, m = b["entropy"], b["mask"].bool()
+    want_trl = -0.05 * h[m].sum() / m.sum()
+    assert logged_trl["tepo/trl_entropy_bonus"] == pytest.approx(float(want_trl), rel=1e-12)
+    assert logged_tepo["tepo/entropy_bonus"] == pytest.approx(0.5 * float(want_trl), rel=1e-12)
+    torch.testing.assert_close(grad_tepo, 0.5 * grad_trl, rtol=1e-12, atol=1e-15)
+    # TRL logs its coefficient and the loss without the bonus; the adapter too.
+    assert logged_trl["entropy_coef"] == 0.05
+    assert logged_trl["policy_loss"] == pytest.approx(logged_trl["tepo/loss"] - float(want_trl), rel=1e-9)
+
+
+def test_opo_reads_the_completion_mask_trl_has(build, tiny_model_dir, tmp_path):
+    """advantage_estimator='opo' needs each response's length at advantage time: TRL has the completion mask
+    there, so the adapter passes it (gathered over processes as lengths); OPO's baseline is length-weighted."""
+    trainer = TepoGRPOTrainer(
+        model=LlamaForCausalLM.from_pretrained(tiny_model_dir),
+        reward_funcs=_reward,
+        args=_config(tmp_path),
+        train_dataset=Dataset.from_list([{"prompt": "2 + 3 ="}] * 4),
+        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
+        advantage_estimator="opo",
+    )
+    trainer.model.train()
+    rewards = torch.tensor([1.0, 0.0, 0.5, 2.0])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    trainer._tepo_rewards_per_func = rewards.unsqueeze(1)
+    output = {"advantages": torch.zeros(4), "completion_mask": mask}
+    trainer._apply_estimator_and_filter(output)
+    lengths = mask.sum(-1).float()
+    want = torch.cat(
+        [
+            rewards[g : g + 2] - (lengths[g : g + 2] * rewards[g : g + 2]).sum() / lengths[g : g + 2].sum()
+            for g in (0, 2)
+        ]
+    )
+    torch.testing.assert_close(output["advantages"], want)
+    torch.testing.assert_close(output["advantages"], compute_advantages("opo", rewards, 2, mask=mask.bool()))
+
+
+def test_tepo_explains_trls_length_weighting_warning(build, caplog):
+    """TRL warns on importance_sampling_level='sequence' with a token-sum loss (PR #6042); that is TEPO's own
+    configuration, and the adapter says why right after."""
+    with caplog.at_level(logging.WARNING):
+        trainer = build(importance_sampling_level="sequence")
+    assert trainer.loss_name == "tepo"
+    text = caplog.text
+    assert "weights each sequence by its completion length" in text  # TRL's warning
+    assert TEPO_LENGTH_WEIGHTING in text
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Refusals: what has no equal, or is set twice, is refused with one message that names it (GRPOConfig only:
+# plan_loss is what the trainer calls before TRL loads anything).
+# --------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("loss_name", "options", "config", "message"),
+    [
+        (
+            None,
+            {},
+            dict(loss_type="sapo", importance_sampling_level="sequence"),
+            "no registry loss computes it",
+        ),
+        (
+            None,
+            {},
+            dict(loss_type="cispo", importance_sampling_level="sequence"),
+            "no registry loss computes it",
+        ),
+        (None, {}, dict(loss_type="cispo"), "caps the IS weight below 1"),
+        (None, {}, dict(loss_type="grpo", epsilon_high=0.28, delta=1.2), r"delta=1.2 <= 1 \+ eps_high"),
+        (None, {}, dict(loss_type="sapo", delta=2.0), "TRL ignores delta for loss_type='sapo'"),
+        (None, {}, dict(importance_sampling_level="sequence", delta=2.0), "does not take"),
+        ("tepo", {}, dict(delta=2.0), "does not take"),
+        (None, {}, dict(use_adaptive_entropy=True), "adaptive entropy controller has no equal"),
+        (
+            None,
+            {},
+            dict(importance_sampling_level="sequence", beta=0.04),
+            "TRL weights k3 by the sequence ratio",
+        ),
+        ("dapo", {"kl_estimator": "k1"}, dict(beta=0.04), "both set it"),
+        ("dapo", {"off_policy_mask": 0.1}, dict(off_policy_mask_threshold=0.2), "both set it"),
+        ("dapo", {"top_entropy_quantile": 0.1}, dict(top_entropy_quantile=0.2), "both set it"),
+        ("dapo", {"entropy_coef": 0.1}, dict(entropy_coef=0.2), "entropy_coef in both GRPOConfig"),
+        (None, {"eps_low": 0.1}, dict(), "conflicts with GRPOConfig's loss"),
+        ("tepo", {}, dict(loss_type="sapo"), "pass loss_name=None to train TRL's loss"),
+        ("tepo", {}, dict(epsilon=0.3), r"GRPOConfig sets epsilon=0.3"),
+        ("gspo", {}, dict(importance_sampling_level="sequence"), "is not loss_name='gspo'"),
+        ("tepo", {"kl_coef": 0.1}, dict(), r"kl_coef in loss_options: set GRPOConfig\(beta"),
+        ("tepo", {"bogus": 1}, dict(), "unknown loss_options bogus"),
+        ("tepo", {}, dict(use_liger_kernel=True), "use_liger_kernel"),
+    ],
+)
+def test_refuses_what_has_no_equal(tmp_path, loss_name, options, config, message):
+    args = _config(tmp_path, **config)
+    with pytest.raises(ValueError, match=message):
+        plan_loss(args, loss_name, options)
+
+
+def test_vespo_with_vllms_correction_is_refused(tmp_path):
+    args = _config(tmp_path, loss_type="vespo")
+    args.use_vllm = True  # set after construction: GRPOConfig would look for vLLM itself
+    with pytest.raises(ValueError, match="TRL folds the sampler ratio into VESPO's sequence weight"):
+        plan_loss(args, None, {})
+    args.vllm_importance_sampling_correction = False
+    assert plan_loss(args, None, {}).name == "vespo"
+
+
+def test_loss_name_accepts_trl_fields_that_describe_the_same_loss(tmp_path):
+    # TRL's sequence + dapo with symmetric eps 0.2 is TEPO: no conflict; TRL's defaults are not used (noted).
+    same = plan_loss(_config(tmp_path, importance_sampling_level="sequence"), "tepo", {})
+    assert same.name == "tepo" and same.source == "loss_name"
+    assert TEPO_LENGTH_WEIGHTING in same.notes
+    unused = plan_loss(_config(tmp_path), "gspo", {"eps": 0.1})
+    assert any("not used" in note for note in unused.notes)
+    dual = plan_loss(_config(tmp_path, delta=3.0), "dapo", {})
+    assert dual.options["dual_clip"] == 3.0
