@@ -28,16 +28,34 @@ their counts are not known in advance: the adapter falls back to TRL's rule (exp
 start-up. In evaluation (no accumulation) the counts are those of the eval batch.
 ``max_len`` (the ``seq-mean-token-sum-norm`` constant) defaults to ``max_completion_length``, as TRL's dr_grpo.
 
-What is taken from TRL's config and what is not
------------------------------------------------
-The loss is configured only by ``loss_name`` and ``loss_options``; TRL's ``loss_type``,
-``importance_sampling_level``, ``epsilon`` and ``epsilon_high`` are not used. ``beta`` *is*: it becomes the
-``kl_coef`` option (k3 estimator by default) because it is also what makes TRL load the reference model and
-compute its log-probs, so ``kl_coef`` in ``loss_options`` is refused. TRL features that would add a term the
-registry does not know are refused at construction, never dropped: ``top_entropy_quantile < 1``,
-``off_policy_mask_threshold``, ``delta``, TRL's ``entropy_coef`` / adaptive entropy (use the
-``entropy_coef`` loss option), ``use_bias_correction_kl`` with ``beta > 0`` and the Liger kernel (which bypasses the loss hook). The MoE router
-auxiliary loss is added as TRL adds it.
+What is taken from TRL's config (`tepo.integrations.trl_config.plan_loss`)
+------------------------------------------------------------------------
+``loss_name=None`` trains the loss ``GRPOConfig`` describes: ``loss_type`` x ``importance_sampling_level`` with
+``epsilon`` / ``epsilon_high`` (and ``sapo_temperature_*``, ``vespo_*``) become the registry loss that computes
+TRL 1.16's value and gradient (token: grpo -> ``grpo``, bnpo and dapo -> ``dapo``, dr_grpo -> ``dr_grpo``, luspo ->
+``grpo`` with ``agg=seq-mean-token-sum``, cispo -> ``cispo`` with ``eps_high = epsilon_high - 1``, sapo ->
+``sapo``, vespo -> ``vespo``; sequence: grpo -> ``gspo``, bnpo and dapo -> ``tepo``, dr_grpo -> ``tepo`` with
+``agg=seq-mean-token-sum-norm``, luspo -> ``luspo``, vespo -> ``vespo``). ``loss_name="<name>"`` (default
+``"tepo"``) trains that registry loss with ``loss_options``; TRL's loss fields must then be TRL's defaults or
+describe the same loss, else the trainer refuses (never ignores) them. In both cases: ``beta`` is ``kl_coef``
+(it is also what makes TRL load the reference model, so ``kl_coef`` in ``loss_options`` is refused);
+``use_bias_correction_kl`` (on by default in TRL) with ``beta > 0`` is ``kl_estimator="k3_unbiased"``;
+``off_policy_mask_threshold`` is ``off_policy_mask`` (behaviour = TRL's ``sampling_per_token_logps`` where TRL has
+them); ``top_entropy_quantile < 1`` is ``top_entropy_quantile`` with TRL's threshold (the quantile of the
+micro-batch's entropies over all processes, float32), not tepo's optimizer mini-batch; ``delta`` is
+``dual_clip`` (equal when ``delta > 1 + eps_high``; below that TRL's delta also caps the positive-advantage ratio
+and is refused); ``entropy_coef`` is TRL's own bonus, ``coef * sum(m*H) / sum(m)`` per micro-batch divided by
+gradient accumulation whatever the loss (tepo's ``entropy_coef`` option follows the loss's aggregation instead).
+Refused, with the reason: combinations with no registry equal (sapo or cispo on the sequence ratio, cispo with
+``epsilon_high <= 1``, ``delta`` on a sequence ratio or where TRL ignores it, vespo with vLLM's IS correction,
+the sequence-ratio-weighted k3 of ``importance_sampling_level="sequence"`` with the bias correction), TRL's
+adaptive entropy controller, one number set both in GRPOConfig and in loss_options, and the Liger kernel (which
+bypasses the loss hook). The MoE router auxiliary loss is added as TRL adds it. Tested equal to TRL's builtin
+loss at float64: tests/test_integration_trl_config.py.
+
+TRL warns on ``importance_sampling_level="sequence"`` with a token-sum loss (it "weights each sequence by its
+completion length"): that is TEPO's own configuration, deliberately, and the trainer logs why
+(`tepo.integrations.trl_config.TEPO_LENGTH_WEIGHTING`).
 
 vLLM's sampler-mismatch correction
 ----------------------------------
@@ -60,7 +78,9 @@ Every metric of `compute_policy_loss` is averaged over processes and appended to
 ``tepo/<name>`` (``tepo/loss``, ``tepo/policy_loss``, ``tepo/clip_frac_low``, ``tepo/approx_kl``,
 ``tepo/entropy``, ``tepo/tepo_kl_mask_frac``...), so they appear wherever TRL logs (console, W&B,
 ``trainer.state.log_history``). With dynamic sampling the filter's counts appear as
-``tepo/dynamic_sampling/<name>``.
+``tepo/dynamic_sampling/<name>``. Beside them, TRL's own names with TRL's meaning
+(`tepo.integrations.trl_metrics`): ``kl``, ``entropy``, ``clip_ratio/{low_mean,high_mean,region_mean,low_min,
+high_max}``, ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, ``policy_loss`` and ``entropy_coef``.
 """
 
 from __future__ import annotations
@@ -111,11 +131,13 @@ class TepoGRPOTrainer(GRPOTrainer):
 
     Extra keyword arguments (everything else is `GRPOTrainer`'s):
 
-    - ``loss_name``: a name of the `tepo.losses` registry (default ``"tepo"``).
+    - ``loss_name``: a name of the `tepo.losses` registry (default ``"tepo"``), or None for the loss
+      ``GRPOConfig`` describes (``loss_type``, ``importance_sampling_level``, ``epsilon``...; module docstring).
     - ``loss_options``: that loss's options (``eps``, ``eps_low``, ``eps_high``, ``agg``, ``entropy_coef``,
       ``kl_estimator``, ``tepo_kl_mask_coef``, ...); ``kl_coef`` comes from ``GRPOConfig.beta``.
     - ``advantage_estimator`` / ``advantage_options``: a sequence-level estimator of `tepo.advantages`
-      (``grpo``, ``dr_grpo``, ``rloo``) applied to the weighted sum of the reward functions, replacing TRL's
+      (``grpo``, ``dr_grpo``, ``rloo``, ``opo`` with TRL's completion mask, ...) applied to the weighted sum
+      of the reward functions, replacing TRL's
       ``scale_rewards`` normalisation; None keeps TRL's advantages.
     - ``dynamic_sampling``: drop (mask out of the loss and of the token counts) every group whose rewards are
       all equal (DAPO; TEPO Eq. 10's ``0 < |correct| < G``). TRL cannot refill the batch, so the batch
