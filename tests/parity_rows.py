@@ -12,6 +12,7 @@ FIELDS = ("name", "trl", "verl", "tepo", "agree", "differences", "tests")
 HEADERS = ("name", "TRL 1.16", "verl 0.9.1", "tepo", "settings that make them agree", "differences", "test")
 
 _TRL_KL = "tests/test_parity_trl_estimators.py"
+_TRL_CFG = "tests/test_integration_trl_config.py"
 _VERL = (
     "tests/test_integration_verl_estimators.py::test_verl_estimators_rejections_and_normalisation_equal_ours"
 )
@@ -125,6 +126,128 @@ ROWS: list[dict] = [
             _VERL,
             "tests/test_correction_rejections.py::test_seq_tis_normalize_averages_one_weight_per_sequence_not_per_token",
         ],
+    },
+    # TRL's GRPOConfig through TepoGRPOTrainer(loss_name=None) (issue #25 item 3): tests/test_integration_trl_config.py
+    {
+        "name": "`grpo`, `dapo`, `dr_grpo` (TRL `GRPOConfig`)",
+        "trl": "`loss_type` `grpo` / `dapo`, `bnpo` / `dr_grpo` (or `luspo`) at `importance_sampling_level=token`",
+        "verl": "not compared in this row",
+        "tepo": "`TepoGRPOTrainer(loss_name=None)`: `grpo` / `dapo` / `dr_grpo` (`luspo`: `grpo` with "
+        "`agg=seq-mean-token-sum`)",
+        "agree": "`eps_low = epsilon`, `eps_high = epsilon_high` (or `epsilon`), `max_len = max_completion_length`",
+        "differences": "`bnpo` divides each micro-batch by its own token count, the adapter by the optimizer "
+        "window's (equal with one micro-batch per window); TRL's `dapo` count is the window's expected one",
+        "tests": [f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls"],
+    },
+    {
+        "name": "`gspo`, `tepo`, `luspo` (TRL `GRPOConfig`)",
+        "trl": "`importance_sampling_level=sequence` with `loss_type` `grpo` / `dapo`, `bnpo`, `dr_grpo` / `luspo`",
+        "verl": "not compared in this row",
+        "tepo": "`gspo` / `tepo` (`dr_grpo`: `tepo` with `agg=seq-mean-token-sum-norm`) / `luspo`",
+        "agree": "eps as above; no KL bias correction with `beta > 0` (TRL weights k3 by the sequence ratio: "
+        "refused, see `k3_unbiased`)",
+        "differences": "none on a micro-batch at float64; TRL warns that this length-weights each sequence: for "
+        "`tepo` that is the method (docs/integrations.md)",
+        "tests": [
+            f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
+            f"{_TRL_CFG}::test_tepo_explains_trls_length_weighting_warning",
+        ],
+    },
+    {
+        "name": "`cispo` (TRL `GRPOConfig`)",
+        "trl": "`loss_type=cispo`: `-sg[clamp(r, max=epsilon_high)] * A * logp`, no lower clip, token-mean",
+        "verl": "not compared in this row",
+        "tepo": "`cispo`: `-sg[clip(r, 0, 1 + eps_high)] * A * logp` (`eps_low` off)",
+        "agree": "`eps_high = epsilon_high - 1`",
+        "differences": "TRL's `epsilon_high <= 1` caps the weight below 1: refused; sequence level refused",
+        "tests": [
+            f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
+            f"{_TRL_CFG}::test_refuses_what_has_no_equal",
+        ],
+    },
+    {
+        "name": "`sapo` (TRL `GRPOConfig`)",
+        "trl": "`loss_type=sapo`, `sapo_temperature_pos` / `_neg` (1.0 / 1.05), seq-mean-token-mean",
+        "verl": "not compared in this row",
+        "tepo": "`sapo`, `tau_pos` / `tau_neg`",
+        "agree": "`tau_* = sapo_temperature_*`; token level only (sequence-level SAPO refused)",
+        "differences": "TRL builds the temperatures in float32: its 1.05 is float32(1.05); equal at float64 "
+        "with that value, relative 5e-7 apart with 1.05 (asserted)",
+        "tests": [
+            f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
+            f"{_TRL_CFG}::test_sapo_default_differs_only_by_trls_float32_temperature",
+        ],
+    },
+    {
+        "name": "`vespo` (TRL `GRPOConfig`)",
+        "trl": "`loss_type=vespo`, `vespo_k_*` / `vespo_lambda_*`, token-mean",
+        "verl": "not compared in this row",
+        "tepo": "`vespo`, `k_*` / `lam_*`",
+        "agree": "the same four parameters; no vLLM IS correction",
+        "differences": "TRL also clamps each token's log-ratio to +-20 (equal inside); with vLLM's correction TRL "
+        "folds the sampler ratio into the weight: refused",
+        "tests": [
+            f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
+            f"{_TRL_CFG}::test_vespo_with_vllms_correction_is_refused",
+        ],
+    },
+    {
+        "name": "`dual_clip` (option)",
+        "trl": "`delta`: `clamp(r, max=delta)` on the unclipped term inside the PPO min",
+        "verl": "`clip_ratio_c` (on at 3.0 in `vanilla`); not compared in this row",
+        "tepo": "`dual_clip=c` on `grpo` / `dapo` / `dr_grpo`: `min(-c*A, max(-r*A, -clip(r)*A))` where A < 0",
+        "agree": "`dual_clip = delta`, `delta > 1 + eps_high`",
+        "differences": "`delta <= 1 + eps_high` also caps A > 0 ratios below the clip range: refused; TRL "
+        "ignores `delta` for cispo/sapo/vespo: refused",
+        "tests": [
+            f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
+            f"{_TRL_CFG}::test_each_trl_option_changes_the_loss",
+            f"{_TRL_CFG}::test_refuses_what_has_no_equal",
+        ],
+    },
+    {
+        "name": "`off_policy_mask` (option)",
+        "trl": "`off_policy_mask_threshold`: drop a sequence with A < 0 whose mean `sampling - logp` exceeds it",
+        "verl": "not compared in this row",
+        "tepo": "`off_policy_mask=delta`, behaviour = `rollout_logp` (TRL's `sampling_per_token_logps`) or pi_old",
+        "agree": "as is, with and without TRL's sampling log-probs",
+        "differences": "a token vLLM could not score (NaN): TRL counts zero drift, the adapter pi_old's drift "
+        "(equal to TRL given pi_old there, asserted)",
+        "tests": [
+            f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
+            f"{_TRL_CFG}::test_off_policy_mask_reads_trls_sampling_logps",
+        ],
+    },
+    {
+        "name": "`top_entropy_quantile` (option)",
+        "trl": "`top_entropy_quantile`: keep tokens with H >= the float32 quantile of the micro-batch's entropies "
+        "over all processes",
+        "verl": "none",
+        "tepo": "`top_entropy_quantile=rho`: the same rule; tepo's trainer over the optimizer mini-batch, the "
+        "adapter per micro-batch as TRL",
+        "agree": "the TRL adapter (TRL's threshold passed as the selection)",
+        "differences": "tepo's own trainer takes the quantile over the mini-batch (micro-batch invariant)",
+        "tests": [f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls"],
+    },
+    {
+        "name": "`entropy_coef` (regularizer)",
+        "trl": "`entropy_coef`: `-coef * sum(m*H) / sum(m)` per micro-batch, / GA, whatever the loss type",
+        "verl": "not compared in this row",
+        "tepo": "`entropy_coef` option: `-coef * agg(H)` under the loss's aggregation",
+        "agree": "the adapter applies TRL's `GRPOConfig.entropy_coef` with TRL's normalisation",
+        "differences": "the option differs for non-token-mean losses: `dr_grpo` gives `sum(m) / (N * L_max)` of "
+        "TRL's (0.5x on the test batch, asserted)",
+        "tests": [f"{_TRL_CFG}::test_trl_entropy_coef_is_a_token_mean_not_the_losss_aggregation"],
+    },
+    {
+        "name": "TRL's metrics (`kl`, `entropy`, `clip_ratio/*`, `cispo_clip_ratio`, `policy_loss`)",
+        "trl": "logged by `_compute_loss` (token means over all processes; one value per sequence for a "
+        "sequence ratio)",
+        "verl": "none",
+        "tepo": "the adapter logs the same names with TRL's meaning beside `tepo/*`",
+        "agree": "as is",
+        "differences": "TRL averages its clip indicators in float32 (relative 1e-7)",
+        "tests": [f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls"],
     },
 ]
 

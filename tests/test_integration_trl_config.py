@@ -205,6 +205,18 @@ def test_off_policy_mask_reads_trls_sampling_logps(build):
     # With use_vllm TRL keeps vLLM's log-probs; OPSM reads them, and so does the adapter (as rollout_logp).
     trainer = build(off_policy_mask_threshold=0.02)
     _assert_equal_to_trl(trainer, _batch(), sampling=True)
+    # A token vLLM could not score (NaN): TRL counts zero drift for it, the adapter pi_old's drift (its
+    # rollout_logp falls back to pi_old, as for dppo/m2po): equal to TRL given pi_old at that token.
+    b = _batch()
+    unscored = b["sampling"].clone()
+    unscored[1, 0] = float("nan")
+    ours, grad, _, _ = _run(
+        trainer, TepoGRPOTrainer._compute_loss, {**b, "sampling": unscored}, sampling=True
+    )
+    filled = torch.where(torch.isnan(unscored), b["old"], unscored)
+    want, want_grad, _, _ = _run(trainer, GRPOTrainer._compute_loss, {**b, "sampling": filled}, sampling=True)
+    torch.testing.assert_close(ours, want, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-15)
 
 
 def test_sapo_default_differs_only_by_trls_float32_temperature(build):
