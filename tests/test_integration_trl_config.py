@@ -256,6 +256,38 @@ def test_trl_entropy_coef_is_a_token_mean_not_the_losss_aggregation(build):
     assert logged_trl["policy_loss"] == pytest.approx(logged_trl["tepo/loss"] - float(want_trl), rel=1e-9)
 
 
+@pytest.mark.parametrize("target", [0.5, 2.0])
+def test_trl_adaptive_entropy_controller_equals_trls(build, target):
+    """use_adaptive_entropy: the first step applies no bonus (no entropy measured yet), then the coefficient moves
+    by entropy_coef_delta towards entropy_target, as TRL's controller on TRL's own state: three steps of the
+    adapter equal three steps of TRL's builtin loss (value, gradient, coefficient, metrics). The batch's mean
+    entropy is about 1, so target 0.5 lowers the coefficient and gates the bonus off, 2.0 raises it and applies
+    it."""
+    config = dict(
+        use_adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.03, entropy_target=target, beta=0.04
+    )
+    trainer = build(**config)
+    state = (trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats)
+    trl_steps = []
+    for seed in range(3):
+        trl_steps.append((*_run(trainer, GRPOTrainer._compute_loss, _batch(seed)), trainer.entropy_coef))
+    trl_coef = trainer.entropy_coef
+    trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats = state
+    for seed, (want, want_grad, want_grad_h, want_logged, want_coef) in enumerate(trl_steps):
+        ours, grad, grad_h, logged = _run(trainer, TepoGRPOTrainer._compute_loss, _batch(seed))
+        torch.testing.assert_close(ours, want, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-15)
+        torch.testing.assert_close(grad_h, want_grad_h, rtol=1e-12, atol=1e-15)
+        assert trainer.entropy_coef == want_coef
+        assert logged["entropy_coef"] == want_logged["entropy_coef"] == want_coef
+        assert logged["policy_loss"] == pytest.approx(want_logged["policy_loss"], rel=1e-9)
+        # TRL's gate: a bonus only once an entropy was measured, and only while it is at or below the target
+        applied = seed > 0 and target > 1
+        assert bool(grad_h.abs().gt(0).any()) == applied
+    moved = trl_coef - 0.1
+    assert moved == pytest.approx(-0.09 if target < 1 else 0.09)
+
+
 def test_opo_reads_the_completion_mask_trl_has(build, tiny_model_dir, tmp_path):
     """advantage_estimator='opo' needs each response's length at advantage time: TRL has the completion mask
     there, so the adapter passes it (gathered over processes as lengths); OPO's baseline is length-weighted."""
@@ -321,7 +353,7 @@ def test_tepo_explains_trls_length_weighting_warning(build, caplog):
         (None, {}, dict(loss_type="sapo", delta=2.0), "TRL ignores delta for loss_type='sapo'"),
         (None, {}, dict(importance_sampling_level="sequence", delta=2.0), "does not take"),
         ("tepo", {}, dict(delta=2.0), "does not take"),
-        (None, {}, dict(use_adaptive_entropy=True), "adaptive entropy controller has no equal"),
+        ("dapo", {"entropy_coef": 0.1}, dict(use_adaptive_entropy=True), "entropy_coef in both GRPOConfig"),
         (
             None,
             {},

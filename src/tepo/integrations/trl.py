@@ -45,11 +45,12 @@ them); ``top_entropy_quantile < 1`` is ``top_entropy_quantile`` with TRL's thres
 micro-batch's entropies over all processes, float32), not tepo's optimizer mini-batch; ``delta`` is
 ``dual_clip`` (equal when ``delta > 1 + eps_high``; below that TRL's delta also caps the positive-advantage ratio
 and is refused); ``entropy_coef`` is TRL's own bonus, ``coef * sum(m*H) / sum(m)`` per micro-batch divided by
-gradient accumulation whatever the loss (tepo's ``entropy_coef`` option follows the loss's aggregation instead).
+gradient accumulation whatever the loss (tepo's ``entropy_coef`` option follows the loss's aggregation instead),
+and ``use_adaptive_entropy`` runs TRL's controller on TRL's own state.
 Refused, with the reason: combinations with no registry equal (sapo or cispo on the sequence ratio, cispo with
 ``epsilon_high <= 1``, ``delta`` on a sequence ratio or where TRL ignores it, vespo with vLLM's IS correction,
-the sequence-ratio-weighted k3 of ``importance_sampling_level="sequence"`` with the bias correction), TRL's
-adaptive entropy controller, one number set both in GRPOConfig and in loss_options, and the Liger kernel (which
+the sequence-ratio-weighted k3 of ``importance_sampling_level="sequence"`` with the bias correction), one number
+set both in GRPOConfig and in loss_options, and the Liger kernel (which
 bypasses the loss hook). The MoE router auxiliary loss is added as TRL adds it. Tested equal to TRL's builtin
 loss at float64: tests/test_integration_trl_config.py.
 
@@ -418,20 +419,22 @@ class TepoGRPOTrainer(GRPOTrainer):
             batch_stats=batch_stats,
             **options,
         )
+        # Trainer sets current_gradient_accumulation_steps per window; a loss called outside its loop sees GA.
         accumulation = 1.0
-        if (
-            mode == "train"
-        ):  # Trainer sets it per window; a loss called outside its loop sees the configured GA
+        if mode == "train":
             accumulation = getattr(
                 self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps
             )
         without_entropy = loss.detach() - metrics.get("entropy_bonus", 0.0)
-        if self._tepo_plan.trl_entropy_coef != 0.0:
-            loss = loss - self._tepo_plan.trl_entropy_coef * self._trl_entropy_mean(
-                entropies, mask if entropy_keep is None else entropy_keep, accumulation
+        if self._entropy_bonus_enabled:  # GRPOConfig.entropy_coef != 0 or use_adaptive_entropy (TRL's flag)
+            selected = mask if entropy_keep is None else entropy_keep
+            loss = loss - self._trl_entropy_coef_now() * self._trl_entropy_mean(
+                entropies, selected, accumulation
             )
             metrics["trl_entropy_bonus"] = float(loss.detach() - metrics["loss"])
             metrics["loss"] = float(loss.detach())
+            if self.use_adaptive_entropy and mode == "train":
+                self._trl_adapt_entropy_coef(entropies, selected)
         self._log_trl_metrics(mode, tensors, inputs, entropies, without_entropy, accumulation)
         if self.aux_loss_enabled:
             # As TRL: the MoE router loss is a model term, scaled for gradient accumulation.
@@ -453,6 +456,35 @@ class TepoGRPOTrainer(GRPOTrainer):
         if gathered.numel() == 0:
             return math.inf
         return float(torch.quantile(gathered, 1.0 - rho))
+
+    def _trl_entropy_coef_now(self) -> float:
+        """TRL's coefficient for this micro-batch: ``entropy_coef``, or with ``use_adaptive_entropy`` the value set
+        at the end of the previous optimizer step, gated off while the last measured entropy is above target."""
+        if self.use_adaptive_entropy and not self._last_world_entropy <= self.args.entropy_target:
+            return 0.0
+        return self.entropy_coef
+
+    def _trl_adapt_entropy_coef(self, entropies: torch.Tensor, selected: torch.Tensor) -> None:
+        """TRL's adaptive entropy controller, step for step (TRL 1.16 ``_compute_loss``), on TRL's own state
+        (``entropy_coef``, ``_last_world_entropy``, ``_entropy_window_stats``; TRL checkpoints them): accumulate
+        the window's entropy sum and token count; at the optimizer-step boundary raise the coefficient by
+        ``entropy_coef_delta`` if the window's entropy is at or below ``entropy_target``, else lower it, within
+        ``[entropy_coef_min, entropy_coef_max]``."""
+        weights = selected.to(entropies.dtype)
+        stats = torch.stack([(entropies * weights).sum(), weights.sum()]).detach()
+        window = self._entropy_window_stats
+        self._entropy_window_stats = stats if window is None else window + stats
+        if not self.accelerator.sync_gradients:
+            return
+        totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+        world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
+        args = self.args
+        if world_entropy <= args.entropy_target:
+            self.entropy_coef = min(self.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max)
+        else:
+            self.entropy_coef = max(self.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min)
+        self._last_world_entropy = world_entropy
+        self._entropy_window_stats = None
 
     @staticmethod
     def _trl_entropy_mean(entropies: torch.Tensor, mask: torch.Tensor, accumulation: float) -> torch.Tensor:
@@ -498,8 +530,8 @@ class TepoGRPOTrainer(GRPOTrainer):
             float(without_entropy) * scale, dtype=torch.float64, device=self.accelerator.device
         )
         logged["policy_loss"].append(self.accelerator.gather(policy).nanmean().item())
-        if plan.trl_entropy_coef != 0.0 and mode == "train" and self.accelerator.sync_gradients:
-            logged["entropy_coef"].append(plan.trl_entropy_coef)
+        if self._entropy_bonus_enabled and mode == "train" and self.accelerator.sync_gradients:
+            logged["entropy_coef"].append(self.entropy_coef)
 
     @staticmethod
     def _sampler_is_weights(inputs: dict[str, Any], logps: torch.Tensor) -> torch.Tensor | None:

@@ -13,7 +13,8 @@ Two ways to name the loss:
 Either way the TRL features that are terms or token selections map to registry options, or to the adapter's own
 TRL-normalised entropy bonus: ``beta`` -> ``kl_coef``, ``use_bias_correction_kl`` -> ``kl_estimator=k3_unbiased``,
 ``off_policy_mask_threshold`` -> ``off_policy_mask``, ``top_entropy_quantile < 1`` -> ``top_entropy_quantile``,
-``delta`` -> ``dual_clip``, ``entropy_coef`` -> `LossPlan.trl_entropy_coef`. Setting one of these both in
+``delta`` -> ``dual_clip``, ``entropy_coef`` / ``use_adaptive_entropy`` -> TRL's own bonus and controller, run by
+the adapter on TRL's state (`LossPlan.trl_entropy_coef` records the starting value). Setting one of these both in
 ``GRPOConfig`` and in ``loss_options`` is refused (two sources for one number).
 """
 
@@ -184,11 +185,6 @@ def plan_loss(args: Any, loss_name: str | None, loss_options: dict[str, Any]) ->
         )
     if getattr(args, "use_liger_kernel", False):
         problems.append("use_liger_kernel=True bypasses the loss hook this adapter overrides")
-    if getattr(args, "use_adaptive_entropy", False):
-        problems.append(
-            "use_adaptive_entropy=True: TRL's adaptive entropy controller has no equal in the adapter yet; use a "
-            "constant GRPOConfig.entropy_coef"
-        )
     defaults = trl_defaults()
     changed = [k for k in LOSS_FIELDS if getattr(args, k, defaults[k]) != defaults[k]]
     trl_loss = _trl_loss(args, problems if loss_name is None else [])
@@ -274,9 +270,11 @@ def plan_loss(args: Any, loss_name: str | None, loss_options: dict[str, Any]) ->
     if rho < 1.0:
         _set_once(options, "top_entropy_quantile", rho, "top_entropy_quantile", problems)
     trl_entropy_coef = float(getattr(args, "entropy_coef", 0.0))
-    if trl_entropy_coef != 0.0 and float(options.get("entropy_coef", 0.0)) != 0.0:
+    trl_bonus = trl_entropy_coef != 0.0 or getattr(args, "use_adaptive_entropy", False)
+    if trl_bonus and float(options.get("entropy_coef", 0.0)) != 0.0:
         problems.append(
-            "entropy_coef in both GRPOConfig (TRL's token mean) and loss_options (the loss's aggregation): keep one"
+            "entropy_coef in both GRPOConfig (TRL's token mean, or its adaptive controller) and loss_options (the "
+            "loss's aggregation): keep one"
         )
     unknown = sorted(set(options) - set(valid_options(spec)))
     if unknown:
