@@ -1,6 +1,6 @@
 """verl 0.9.1's own actor worker and FSDP2 engine run tepo's losses exactly, on CPU, on 1 and 2 gloo ranks.
 
-Opt-in (``-m slow``; about 5 minutes for 1 rank plus 8 for 2 on the shared 2-core development machine, in
+Opt-in (``-m slow``; about 9 minutes for both world sizes on the shared 2-core development machine, in
 ``.venv-verl``, built once by the session fixture of tests/test_integration_verl.py). verl has no CPU platform;
 tests/verl_cpu_platform.py is one, loaded the way verl loads a platform plugin (``VERL_USE_EXTERNAL_MODULES``).
 
