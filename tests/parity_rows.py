@@ -234,10 +234,14 @@ ROWS: list[dict] = [
         "trl": "`entropy_coef`: `-coef * sum(m*H) / sum(m)` per micro-batch, / GA, whatever the loss type",
         "verl": "not compared in this row",
         "tepo": "`entropy_coef` option: `-coef * agg(H)` under the loss's aggregation",
-        "agree": "the adapter applies TRL's `GRPOConfig.entropy_coef` with TRL's normalisation",
+        "agree": "the adapter applies TRL's `GRPOConfig.entropy_coef` with TRL's normalisation, and "
+        "`use_adaptive_entropy` with TRL's controller",
         "differences": "the option differs for non-token-mean losses: `dr_grpo` gives `sum(m) / (N * L_max)` of "
         "TRL's (0.5x on the test batch, asserted)",
-        "tests": [f"{_TRL_CFG}::test_trl_entropy_coef_is_a_token_mean_not_the_losss_aggregation"],
+        "tests": [
+            f"{_TRL_CFG}::test_trl_entropy_coef_is_a_token_mean_not_the_losss_aggregation",
+            f"{_TRL_CFG}::test_trl_adaptive_entropy_controller_equals_trls",
+        ],
     },
     {
         "name": "TRL's metrics (`kl`, `entropy`, `clip_ratio/*`, `cispo_clip_ratio`, `policy_loss`)",

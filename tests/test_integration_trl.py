@@ -313,6 +313,13 @@ def test_two_step_training_run(tmp_path, name, options, extra):
     for entry in logs:
         assert math.isfinite(entry["tepo/loss"]) and math.isfinite(entry["tepo/policy_loss"])
         assert "tepo/clip_frac_low" in entry and "tepo/entropy" in entry
+        # TRL's own names beside tepo's, for dashboards and callbacks that read them
+        assert entry["entropy"] == pytest.approx(entry["tepo/entropy"], rel=1e-5)
+        assert math.isfinite(entry["policy_loss"])
+        if name in ("tepo", "grpo", "gspo"):
+            assert 0.0 <= entry["clip_ratio/region_mean"] <= 1.0
+        if name == "cispo":
+            assert 0.0 <= entry["cispo_clip_ratio"] <= 1.0
     if options.get("tepo_kl_mask_coef"):
         assert all("tepo/tepo_kl_mask_frac" in e for e in logs)
         assert "tepo/dynamic_sampling/frac_groups_dropped" in logs[0]
