@@ -24,7 +24,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from tepo.advantages import compute_advantages
 from tepo.integrations.trl import TepoGRPOTrainer
-from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, plan_loss
+from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, check_advantage_settings, plan_loss
 
 F64 = torch.float64
 N, T = 4, 5
@@ -377,6 +377,17 @@ def test_refuses_what_has_no_equal(tmp_path, loss_name, options, config, message
     args = _config(tmp_path, **config)
     with pytest.raises(ValueError, match=message):
         plan_loss(args, loss_name, options)
+
+
+@pytest.mark.parametrize(
+    ("scale", "hint"), [("batch", "grpo_batch_std"), ("none", "dr_grpo"), (False, "dr_grpo")]
+)
+def test_scale_rewards_is_refused_where_an_estimator_replaces_it(tmp_path, scale, hint):
+    args = _config(tmp_path, scale_rewards=scale)
+    check_advantage_settings(args, None)  # TRL's advantages: TRL applies its scaling
+    with pytest.raises(ValueError, match=f"TRL's '.*' is advantage_estimator='{hint}'"):
+        check_advantage_settings(args, "rloo")
+    check_advantage_settings(_config(tmp_path), "rloo")  # the default: nothing set, nothing ignored
 
 
 def test_vespo_with_vllms_correction_is_refused(tmp_path):

@@ -101,7 +101,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, estimator_requires, filter_groups
-from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, plan_loss
+from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, check_advantage_settings, plan_loss
 from tepo.integrations.trl_metrics import TrlMetrics
 from tepo.integrations.trl_metrics import column as adv_column
 from tepo.losses import compute_policy_loss, get_policy_loss, mini_batch_stats
@@ -179,6 +179,7 @@ class TepoGRPOTrainer(GRPOTrainer):
         train_args = kwargs.get("args", args[2] if len(args) > 2 else None)
         if train_args is not None:  # fail before TRL loads models or starts vLLM
             plan_loss(train_args, loss_name, loss_options)
+            check_advantage_settings(train_args, advantage_estimator)
         self.advantage_estimator = advantage_estimator
         self.advantage_options = dict(advantage_options or {})
         self.dynamic_sampling = bool(dynamic_sampling)
@@ -186,6 +187,7 @@ class TepoGRPOTrainer(GRPOTrainer):
         self._tepo_rewards_per_func: torch.Tensor | None = None
         super().__init__(*args, **kwargs)
         plan = plan_loss(self.args, loss_name, loss_options)  # args may have been built by GRPOTrainer itself
+        check_advantage_settings(self.args, advantage_estimator)
         self._tepo_plan = plan
         self.loss_name = plan.name
         self.loss_options = plan.options

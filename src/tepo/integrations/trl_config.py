@@ -170,6 +170,27 @@ def _set_once(options: dict[str, Any], key: str, value: Any, trl_field: str, pro
     options[key] = value
 
 
+# TRL's scale_rewards -> the tepo estimator computing the same advantages (grpo_batch_std with eps 1e-4 is TRL's
+# "batch" exactly; tests/test_parity_trl_estimators.py).
+SCALE_REWARDS_ESTIMATORS = {"group": "grpo", "batch": "grpo_batch_std", "none": "dr_grpo"}
+
+
+def check_advantage_settings(args: Any, advantage_estimator: str | None) -> None:
+    """``advantage_estimator`` replaces TRL's advantages, so TRL's ``scale_rewards`` would be silently unused:
+    refuse it unless it is TRL's default ("group")."""
+    if advantage_estimator is None:
+        return
+    scale = getattr(args, "scale_rewards", "group")
+    scale = {True: "group", False: "none"}.get(scale, scale)
+    if scale != "group":
+        hint = SCALE_REWARDS_ESTIMATORS.get(scale)
+        raise ValueError(
+            f"TepoGRPOTrainer cannot honour: scale_rewards={scale!r} is TRL's advantage normalisation, which "
+            f"advantage_estimator={advantage_estimator!r} replaces; leave scale_rewards at 'group'"
+            + (f" (TRL's {scale!r} is advantage_estimator={hint!r})" if hint else "")
+        )
+
+
 def plan_loss(args: Any, loss_name: str | None, loss_options: dict[str, Any]) -> LossPlan:
     """Translate ``args`` (a ``GRPOConfig``) plus the adapter's loss arguments into a `LossPlan`.
 
