@@ -5,8 +5,9 @@ Names (``actor_rollout_ref.actor.policy_loss.loss_mode``)
 Every loss ``<name>`` of our registry is registered in verl's policy-loss registry as ``tepo.<name>``
 (``tepo.tepo``, ``tepo.gspo``, ``tepo.cispo``, ...). It is *also* registered under its bare name when verl has
 no builtin of that name (``tepo``, ``grpo``, ``dapo``, ``dr_grpo``, ``gmpo``, ``prefix_is``,
-``reinforce_is``, ``cov_gauss`` in verl 0.9.1). Where verl has a builtin of the same name (``gspo``,
-``clip_cov``, ``kl_cov``, ``cispo`` in 0.9.1) the bare name stays verl's: ours is only ``tepo.<name>``.
+``reinforce_is``, ``cov_gauss``, ``luspo``, ``vespo``, ``tepo_token``, ``gspo_token`` in verl 0.9.1). Where verl
+has a builtin of the same name (``gspo``, ``clip_cov``, ``kl_cov``, ``cispo``, ``sapo``, ``dppo_tv``, ``dppo_kl``
+in 0.9.1) the bare name stays verl's: ours is only ``tepo.<name>`` (docs/parity.md: what each computes).
 `registered_names()` returns the mapping actually made.
 
 Options
@@ -31,6 +32,26 @@ and, for its rejection modes, ANDs the rejection into ``response_mask`` before t
 both to the registered loss. Our losses multiply the weights into their per-token term before aggregation
 (``compute_policy_loss(..., is_weights=rollout_is_weights)``), exactly where verl's own losses do
 (``pg_losses * rollout_is_weights``), and aggregate over the (already rejected) mask with verl's global counts.
+
+The sampler's log-probs (``rollout_logp``)
+------------------------------------------
+With ``actor_rollout_ref.rollout.calculate_log_probs=True`` the update's batch holds verl's ``rollout_log_probs``
+(the sampler's log-prob of each token). verl 0.9.1's ``ppo_loss`` does not pass them to a registered loss (its
+``PolicyLossFn`` type still lists them, no caller does), so `tepo_ppo_loss` reads them from the batch and our
+loss passes them as ``compute_policy_loss(..., rollout_logp=...)``: the "behaviour" policy of ``dppo_tv`` /
+``dppo_kl``'s divergence mask, ``off_policy_mask`` and ``m2po_threshold`` (without them, pi_old). A caller that
+does pass ``rollout_log_probs=`` to the registered loss (a later verl) is used first.
+
+The 2026 options
+----------------
+``dual_clip`` (grpo, dapo, dr_grpo), ``tau_pos``/``tau_neg`` (``tepo.sapo``; verl's ``actor.tau_*`` belong to
+its builtin ``sapo``), ``k_pos``/``lam_pos``/``k_neg``/``lam_neg`` (vespo), ``delta_low``/``delta_high``
+(dppo_tv), ``delta`` (dppo_kl), cispo's ``eps_low``, and on any loss ``off_policy_mask``,
+``top_entropy_quantile`` (needs the current policy's entropy: `tepo_ppo_loss` with ``actor.calculate_entropy=
+True``) and ``m2po_threshold``. verl calls the loss once per micro-batch with no view of the mini-batch, so the
+two batch-dependent selections (the entropy quantile, M2PO's drop order) are taken over each verl micro-batch,
+as TRL takes its entropy quantile; they equal tepo's mini-batch selection when a mini-batch is one micro-batch
+per rank (``ppo_micro_batch_size_per_gpu`` = the per-rank mini-batch).
 
 TEPO v2 (``tepo_kl_mask_coef``): per-token entropies
 -----------------------------------------------------
@@ -72,6 +93,9 @@ PREFIX = "tepo."
 OLD_ENTROPY_KEY = "old_entropys"
 # verl's v1 driver keeps pi_old's entropies itself, as the per-response field "entropy" of the update's batch.
 V1_OLD_ENTROPY_KEY = "entropy"
+# The sampler's per-token log-probs, in the batch when ``actor_rollout_ref.rollout.calculate_log_probs=True``
+# (verl's rollout correction needs them too); our losses' ``rollout_logp``.
+ROLLOUT_LOGP_KEY = "rollout_log_probs"
 
 # verl's own PolicyLossConfig fields that are options of our losses under the same name.
 _VERL_SHARED_FIELDS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio")
@@ -110,6 +134,22 @@ class TepoPolicyLossConfig(PolicyLossConfig):
     kl_coef: float | None = None
     kl_estimator: str | None = None
     tepo_kl_mask_coef: float | None = None
+    # The 2026 losses' own options (sapo, vespo, dppo_tv, dppo_kl) and options (dual_clip on grpo/dapo/dr_grpo;
+    # the token selections on any loss). Our ``tepo.sapo`` reads these tau_pos/tau_neg, not verl's
+    # ``actor.tau_pos``/``actor.tau_neg`` (those belong to verl's builtin ``sapo``).
+    dual_clip: float | None = None
+    tau_pos: float | None = None
+    tau_neg: float | None = None
+    k_pos: float | None = None
+    lam_pos: float | None = None
+    k_neg: float | None = None
+    lam_neg: float | None = None
+    delta: float | None = None
+    delta_low: float | None = None
+    delta_high: float | None = None
+    off_policy_mask: float | None = None
+    top_entropy_quantile: float | None = None
+    m2po_threshold: float | None = None
 
     def __post_init__(self) -> None:
         name = tepo_loss_name(self.loss_mode)
@@ -170,6 +210,10 @@ def _count(info: dict, key: str) -> float | None:
     return float(value.item() if hasattr(value, "item") else value)
 
 
+def _needs_entropy(options: dict[str, Any]) -> bool:
+    return bool(options.get("tepo_kl_mask_coef")) or options.get("top_entropy_quantile") is not None
+
+
 def make_verl_loss(name: str):
     """A function with verl's registered-loss signature that computes ``compute_policy_loss(name, ...)``."""
     get_policy_loss(name)
@@ -182,6 +226,7 @@ def make_verl_loss(name: str):
         loss_agg_mode: str = "token-mean",
         config=None,
         rollout_is_weights=None,
+        rollout_log_probs=None,
     ):
         options = options_from_config(_get(config, "policy_loss"), name)
         info = dict(_get(config, "global_batch_info") or {})
@@ -196,9 +241,17 @@ def make_verl_loss(name: str):
             options["num_seqs"] = seqs / dp_size
         if scale is not None:
             options["max_len"] = scale
-        token_tensors = {}
+        token_tensors = _TOKEN_TENSORS.get() or {}
+        if rollout_log_probs is None:  # verl 0.9.1's ppo_loss does not pass them: `tepo_ppo_loss` does
+            rollout_log_probs = token_tensors.get("rollout_logp")
+        if options.get("top_entropy_quantile") is not None and token_tensors.get("entropy") is None:
+            raise ValueError(
+                f"policy_loss.top_entropy_quantile={options['top_entropy_quantile']!r} needs the current policy's "
+                f"per-token entropy, which did not reach loss {name!r}: the actor loss must be "
+                "tepo.integrations.verl.tepo_ppo_loss (see tepo.integrations.verl_workers), with "
+                "actor_rollout_ref.actor.calculate_entropy=True"
+            )
         if options.get("tepo_kl_mask_coef"):
-            token_tensors = _TOKEN_TENSORS.get() or {}
             missing = [key for key in ("entropy", "old_entropy") if token_tensors.get(key) is None]
             if missing:
                 raise ValueError(
@@ -219,8 +272,9 @@ def make_verl_loss(name: str):
             mask=response_mask,
             num_tokens=None if tokens is None else tokens / dp_size,
             is_weights=None if rollout_is_weights is None else rollout_is_weights.detach(),
-            entropy=token_tensors.get("entropy"),
-            old_entropy=token_tensors.get("old_entropy"),
+            entropy=token_tensors.get("entropy") if _needs_entropy(options) else None,
+            old_entropy=token_tensors.get("old_entropy") if options.get("tepo_kl_mask_coef") else None,
+            rollout_logp=None if rollout_log_probs is None else rollout_log_probs.detach(),
             **options,
         )
         return loss, {f"actor/tepo/{key}": value for key, value in metrics.items()}
@@ -257,10 +311,15 @@ def registered_names() -> dict[str, str]:
 
 
 @contextmanager
-def token_tensors(entropy: torch.Tensor | None, old_entropy: torch.Tensor | None):
-    """Hand per-token ``entropy`` (pi, with gradient) and ``old_entropy`` (pi_old) [N, T] to our registered
-    losses called inside the block (verl's loss signature has no place for them)."""
-    token = _TOKEN_TENSORS.set({"entropy": entropy, "old_entropy": old_entropy})
+def token_tensors(
+    entropy: torch.Tensor | None,
+    old_entropy: torch.Tensor | None,
+    rollout_logp: torch.Tensor | None = None,
+):
+    """Hand per-token ``entropy`` (pi, with gradient), ``old_entropy`` (pi_old) and ``rollout_logp`` (the
+    sampler's log-probs) [N, T] to our registered losses called inside the block (verl 0.9.1's loss call has no
+    place for them)."""
+    token = _TOKEN_TENSORS.set({"entropy": entropy, "old_entropy": old_entropy, "rollout_logp": rollout_logp})
     try:
         yield
     finally:
@@ -275,7 +334,8 @@ def tepo_ppo_loss(config, model_output, data, dp_group=None):
     ``H = model_output["entropy"]`` (present when the update runs with ``calculate_entropy``) and ``H_old =
     data[OLD_ENTROPY_KEY]`` (verl's legacy driver through `TepoRayPPOTrainer`) or ``data["entropy"]`` (what verl's
     v1 driver stores from its pi_old pass), both brought to verl's padded [N, T] response layout as ``ppo_loss``
-    does for the log-probs, so ``tepo_kl_mask_coef`` works. Other losses are unaffected.
+    does for the log-probs, so ``tepo_kl_mask_coef`` and ``top_entropy_quantile`` work; and, when the batch has
+    them, verl's ``rollout_log_probs`` as our ``rollout_logp``. Other losses are unaffected.
     """
     from verl.workers.utils.losses import ppo_loss
     from verl.workers.utils.padding import no_padding_2_padding
@@ -283,13 +343,18 @@ def tepo_ppo_loss(config, model_output, data, dp_group=None):
     entropy = model_output.get("entropy", None)
     if entropy is not None:
         entropy = no_padding_2_padding(entropy, data)
-    old_entropy = None
     key = next((k for k in (OLD_ENTROPY_KEY, V1_OLD_ENTROPY_KEY) if k in data), None)
-    if key is not None:
-        # padded as ppo_loss pads its per-response fields (jointly with response_mask)
-        padded = data.select("response_mask", key).to_padded_tensor()
-        old_entropy, width = padded[key], padded["response_mask"].shape[-1]
-        if old_entropy.shape[-1] < width:  # a nested field shorter than a dense mask: pad the masked tail
-            old_entropy = torch.nn.functional.pad(old_entropy, (0, width - old_entropy.shape[-1]))
-    with token_tensors(entropy, None if old_entropy is None else old_entropy.detach()):
+    old_entropy = None if key is None else _padded_response_field(data, key)
+    rollout_logp = _padded_response_field(data, ROLLOUT_LOGP_KEY) if ROLLOUT_LOGP_KEY in data else None
+    with token_tensors(entropy, old_entropy, rollout_logp):
         return ppo_loss(config, model_output, data, dp_group)
+
+
+def _padded_response_field(data, key: str) -> torch.Tensor:
+    """Per-response field ``key`` of the update's batch in verl's padded [N, T] layout, detached: padded as
+    ``ppo_loss`` pads its own per-response fields (jointly with response_mask)."""
+    padded = data.select("response_mask", key).to_padded_tensor()
+    value, width = padded[key], padded["response_mask"].shape[-1]
+    if value.shape[-1] < width:  # a nested field shorter than a dense mask: pad the masked tail
+        value = torch.nn.functional.pad(value, (0, width - value.shape[-1]))
+    return value.detach()
