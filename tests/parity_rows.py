@@ -16,6 +16,9 @@ _TRL_CFG = "tests/test_integration_trl_config.py"
 _VERL = (
     "tests/test_integration_verl_estimators.py::test_verl_estimators_rejections_and_normalisation_equal_ours"
 )
+_VERL26 = (
+    "tests/test_integration_verl_losses_2026.py::test_verl_2026_losses_equal_ours_or_differ_as_documented"
+)
 
 ROWS: list[dict] = [
     {
@@ -253,6 +256,60 @@ ROWS: list[dict] = [
         "differences": "TRL averages its clip indicators in float32 (relative 1e-7)",
         "tests": [f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls"],
     },
+    {
+        "name": "`sapo` (verl)",
+        "trl": "see the TRL `GRPOConfig` row",
+        "verl": "`sapo`: `-(4/tau) sigmoid(tau (r - 1)) * A`, `actor.tau_pos` / `tau_neg` (1.0 / 1.05), always "
+        "seq-mean-token-mean",
+        "tepo": "`tepo.sapo` (bare `sapo` stays verl's), `tau_pos` / `tau_neg` (1.0 / 1.05)",
+        "agree": "as is (the defaults are equal); `tau_* = actor.tau_*`",
+        "differences": "verl ignores `loss_agg_mode` (tepo's `agg` is honoured); verl's row mean divides by "
+        "`count + 1e-8` (relative 1e-8); verl clamps the log-ratio to +-20",
+        "tests": [_VERL26],
+    },
+    {
+        "name": "`dppo_tv`, `dppo_kl` (verl)",
+        "trl": "none",
+        "verl": "`dppo_tv` / `dppo_kl`: `-A * sg[min(r, C)] * M * logp`, thresholds `clip_ratio_low` / `_high` "
+        "(0.2), `C = clip_ratio_c` (3.0)",
+        "tepo": "`tepo.dppo_tv` / `tepo.dppo_kl`: `-M * r * A`, `delta_low` / `delta_high` 0.15, `delta` 0.05",
+        "agree": "gradient: `clip_ratio_low/high = delta_low/high` (`= delta`), `clip_ratio_c` above every ratio",
+        "differences": "values: tepo `sum g`, verl `sum g * logp` (g the shared gradient); verl's default C = 3 "
+        "scales the gradient by `3 / r` where r > 3; verl's default thresholds 0.2 (asserted); verl's mask reads "
+        "pi_old, tepo's `rollout_logp` when given",
+        "tests": [_VERL26],
+    },
+    {
+        "name": "`gspo_token` (verl `gspo`)",
+        "trl": "experimental `gspo_token`; not compared in this row",
+        "verl": "`gspo`: ratio `sg[s_i] * pi / sg[pi]` with token advantages, `actor.loss_agg_mode` as given",
+        "tepo": "`gspo_token`: the same ratio, eps 3e-4 / 4e-4, seq-mean-token-mean",
+        "agree": "`clip_ratio_low=3e-4`, `clip_ratio_high=4e-4`, `loss_agg_mode=seq-mean-token-mean` (or "
+        "token-mean on both)",
+        "differences": "verl 0.9.1 does not force the paper's aggregation (its default is token-mean); verl "
+        "clamps `log s` at 10; seq-mean's `+ 1e-8` (relative 1e-8)",
+        "tests": [_VERL26],
+    },
+    {
+        "name": "`dual_clip` (verl `vanilla`)",
+        "trl": "see the `dual_clip` (option) row",
+        "verl": "`vanilla` with `clip_ratio_c` (3.0 by default, on)",
+        "tepo": "`grpo` / `dapo` with `dual_clip=3`, `agg: token-mean`",
+        "agree": "`dual_clip = clip_ratio_c`, `eps_low/high = clip_ratio_low/high`",
+        "differences": "tepo's `grpo` / `dapo` without `dual_clip` differ from verl's default `vanilla` on exactly "
+        "the tokens with A < 0 and r > 3 (asserted)",
+        "tests": [_VERL26],
+    },
+    {
+        "name": "`cispo` (verl)",
+        "trl": "see the TRL `GRPOConfig` row",
+        "verl": "`cispo`: `-sg[clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)] * A * logp` (0.2 / 0.2)",
+        "tepo": "`tepo.cispo` (bare `cispo` stays verl's): no lower clip by default; `eps_low` set clips below",
+        "agree": "`eps_low = clip_ratio_low`, `eps_high = clip_ratio_high`; tepo's default = verl "
+        "`clip_ratio_low=1.0`",
+        "differences": "the default lower clip (verl clips at 0.8, MiniMax / TRL / tepo do not)",
+        "tests": [_VERL26],
+    },
 ]
 
 INTRO = """\
@@ -263,7 +320,7 @@ tensors to the framework's own code and to tepo's, and asserts equality at float
 "agree" column, or the documented difference. Generated from `tests/parity_rows.py`
 (`python tests/parity_rows.py > docs/parity.md`); `tests/test_parity_doc.py` fails when this page is stale.
 TRL tests run in the default suite; verl tests run in `.venv-verl` (`pytest -m slow
-tests/test_integration_verl_estimators.py`).
+tests/test_integration_verl_estimators.py tests/test_integration_verl_losses_2026.py`).
 """
 
 

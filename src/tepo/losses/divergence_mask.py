@@ -7,7 +7,9 @@ advantage pushes it, measured on the binary distribution {sampled token, everyth
 else the old policy's. The ratio in the term stays ``r = exp(logp - old)``.
 
 The value is ``-M * r * A`` (prime-rl, SkyRL); verl's ``-A * sg[min(r, C)] * M * logp`` has the same gradient
-while ``r < C`` (its C = clip_ratio_c, 20 by default): the parity tests show the difference.
+while ``r < C`` (its C = ``actor.clip_ratio_c``, 3.0 in verl 0.9.1's ActorConfig; the function's own fallback 20
+applies only to a config without that field): the parity tests show the difference. verl's thresholds are
+``clip_ratio_low`` / ``clip_ratio_high``, 0.2 by default, not the 0.15 / 0.05 below.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def dppo_tv(inputs: LossInputs, *, delta_low: float = 0.15, delta_high: float = 
     DPPO (arXiv 2602.04879; verl ``dppo_tv``, prime-rl's default loss): p = exp(logp) and q = exp(behaviour) are
     the probabilities of the sampled token (detached, for the mask only); r = exp(logp - old). Where M = 1 the
     gradient is -r * A * grad(logp), where M = 0 it is 0. clip_frac_high / clip_frac_low are the shares of
-    valid tokens masked with A > 0 / A < 0. Defaults delta_low = delta_high = 0.15 (verl's).
+    valid tokens masked with A > 0 / A < 0. Defaults delta_low = delta_high = 0.15 (the paper's; verl 0.9.1 reads
+    ``clip_ratio_low/high``, 0.2 by default).
     """
     check_eps(delta_low=delta_low, delta_high=delta_high)
     diff = (torch.exp(inputs.logp) - torch.exp(behaviour_logp(inputs))).detach()

@@ -26,7 +26,7 @@ def sapo(inputs: LossInputs, *, tau_pos: float = 1.0, tau_neg: float = 1.05):
     trust region. dl/dlogp = -A * r * 4*sigmoid(x)*(1 - sigmoid(x)), x = tau*(r - 1): at r = 1 the weight is
     4 * 1/4 = 1, the plain policy gradient -A * grad(logp); it decays smoothly as r leaves 1 instead of being cut
     to 0 at a clip boundary, faster for the larger tau (negative advantages by default). Defaults tau_pos 1.0,
-    tau_neg 1.05 are the paper's and TRL's (verl defaults tau_neg to 1.0). No token is clipped: clip_frac_* are 0;
+    tau_neg 1.05 are the paper's, TRL's and verl 0.9.1's (``ActorConfig``). No token is clipped: clip_frac_* are 0;
     metric ``sapo_gate_mean`` is the mean gradient weight 4*sigmoid(x)*(1 - sigmoid(x)) over valid tokens.
     """
     check_positive(tau_pos=tau_pos, tau_neg=tau_neg)
