@@ -37,6 +37,7 @@ SAMPLES = 8
 PROMPT_SWEEP = (4, 16, 64)  # at 256 new tokens
 LENGTH_SWEEP = (64, 256, 1024)  # at 16 prompts
 QUICK_SHAPES = [(2, 4, 32), (4, 4, 64)]
+COLORS = {"step": "C0", "generation": "C1", "update": "C2"}  # one colour per phase in every panel
 
 
 def sweep_shapes() -> list[tuple[int, int, int]]:
@@ -169,11 +170,11 @@ def plot(entries: list[dict], ours: str, path: Path) -> Path:
             ("generation", "gen_seconds"),
             ("update", "update_seconds"),
         ):
-            top.plot(xs, [e[field] for e in points], marker="o", label=name)
+            top.plot(xs, [e[field] for e in points], marker="o", label=name, color=COLORS[name])
         if len(xs) > 1:  # what linear growth from the smallest point would be
             top.plot(xs, [points[0]["step_seconds"] * x / xs[0] for x in xs], "k:", label="linear from first")
         for name, field in (("generation", "gen_tokens_per_s"), ("update", "update_tokens_per_s")):
-            bottom.plot(xs, [e[field] for e in points], marker="o", label=name)
+            bottom.plot(xs, [e[field] for e in points], marker="o", label=name, color=COLORS[name])
         for trl in (e for e in entries if e["side"] == "trl"):
             if (key == "prompts" and trl["new_tokens"] == 256) or (
                 key == "new_tokens" and trl["prompts"] == 16
