@@ -19,6 +19,7 @@ _VERL = (
 _VERL26 = (
     "tests/test_integration_verl_losses_2026.py::test_verl_2026_losses_equal_ours_or_differ_as_documented"
 )
+_MORE = "tests/test_integration_verl_parity_more.py"
 
 ROWS: list[dict] = [
     {
@@ -310,6 +311,77 @@ ROWS: list[dict] = [
         "differences": "the default lower clip (verl clips at 0.8, MiniMax / TRL / tepo do not)",
         "tests": [_VERL26],
     },
+    # verl 0.9.1's own functions, continued: tests/test_integration_verl_parity_more.py
+    {
+        "name": "`grpo`, `dapo`, `dr_grpo` (verl `vanilla`)",
+        "trl": "see the TRL `GRPOConfig` row",
+        "verl": "`vanilla` with `loss_agg_mode` `seq-mean-token-mean` / `token-mean` / `seq-mean-token-sum-norm`",
+        "tepo": "`grpo` (eps 0.2, seq-mean-token-mean) / `dapo` (0.2 / 0.28, token-mean) / `dr_grpo` (0.2, "
+        "`sum / (N * max_len)`)",
+        "agree": "`clip_ratio_c` above every ratio (1e9: dual clip off), `clip_ratio_low/high = eps_low/high`, "
+        "`loss_scale_factor = max_len` (both default to the padded width), `global_batch_size` = N",
+        "differences": "verl's default `clip_ratio_c` 3.0 (see `dual_clip`); without `global_batch_size` verl's "
+        "seq-mean divides by the non-empty rows, tepo by N (asserted); seq-mean-token-mean's `+ 1e-8`",
+        "tests": [f"{_MORE}::test_grpo_dapo_dr_grpo_equal_verl_vanilla_without_dual_clip"],
+    },
+    {
+        "name": "`clip_cov` (verl)",
+        "trl": "none",
+        "verl": "`clip_cov`: zeroes (`* 0`) a random `clip_cov_ratio` share of the unclipped tokens with cov in "
+        "(lb, ub), `torch.randperm` on torch's global generator",
+        "tepo": "`clip_cov`: detaches the same share (value kept, zero gradient), `seed` / `generator` for the draw",
+        "agree": "gradient: `torch.manual_seed(s)` before verl's call and `seed=s` (the same draw over the same "
+        "candidates); or `clip_cov_ratio` 1.0 (every candidate, no draw)",
+        "differences": "values: verl's loss is tepo's minus the picked tokens' terms / T_tot (asserted); verl's "
+        "band is open, tepo's closed",
+        "tests": [f"{_MORE}::test_clip_cov_and_kl_cov_equal_verls"],
+    },
+    {
+        "name": "`kl_cov` (verl)",
+        "trl": "none",
+        "verl": "`kl_cov`: `-r A + ppo_kl_coef * abs(log r)` on the top `kl_cov_ratio` tokens by cov; configured "
+        "defaults 2e-4 / 0.1",
+        "tepo": "`kl_cov`: the same, `kl_cov_ratio` / `kl_cov_coef` 2e-4 / 1.0 (the paper's beta)",
+        "agree": "`kl_cov_coef = ppo_kl_coef`, `kl_cov_ratio` as is",
+        "differences": "the default coefficient: verl's `PolicyLossConfig.ppo_kl_coef` is 0.1 (its function's "
+        "fallback 1.0 is never reached): verl's default = tepo `kl_cov_coef=0.1` (asserted)",
+        "tests": [f"{_MORE}::test_clip_cov_and_kl_cov_equal_verls"],
+    },
+    {
+        "name": "`gmpo` (verl `geo_mean`)",
+        "trl": "none",
+        "verl": "`geo_mean`: `-A_i exp(mean_t sgn(A) min(sgn(A) d, sgn(A) clamp(d)))`, log-space bounds "
+        "`clip_ratio_low/high` (0.2), mean over rows",
+        "tepo": "`gmpo`: the same, log-space `eps_low/high` 0.4 (the paper's), seq-mean-token-mean",
+        "agree": "`clip_ratio_low/high = eps_low/high`; sequence advantages (or one sign per row)",
+        "differences": "verl's default bounds 0.2; token advantages of mixed sign in a row: verl clips each token "
+        "by its own sign, tepo by the row mean's (asserted to differ); `+ 1e-8` in verl's means",
+        "tests": [f"{_MORE}::test_gmpo_equals_verl_geo_mean"],
+    },
+    {
+        "name": "`grpo`, `dr_grpo`, `rloo` (advantage)",
+        "trl": "not compared in this row",
+        "verl": "`adv_estimator: grpo` (`norm_adv_by_std_in_grpo`), `rloo`, `grpo_vectorized`, `rloo_vectorized`",
+        "tepo": "`advantage: grpo` (unbiased std, eps 1e-6) / `dr_grpo` / `rloo`",
+        "agree": "`grpo` = verl `grpo`; `dr_grpo` = verl `grpo` with `norm_adv_by_std_in_grpo=False`; the G "
+        "responses of a prompt in contiguous rows",
+        "differences": "G = 1: verl's `grpo` gives `R / (1 + 1e-6)` (float32 sum), its `rloo` `R`, tepo 0 (asserted; verl's "
+        "`rloo_vectorized` 0 too); `grpo_vectorized` computes the group statistics in float32 (equal to 1e-6)",
+        "tests": [f"{_MORE}::test_advantage_estimators_equal_verls"],
+    },
+    {
+        "name": "`tis`, `seq_tis`, `mis` (rollout IS weights)",
+        "trl": "not compared in this row",
+        "verl": "`rollout_is: token` / `sequence`, `rollout_is_threshold: C`; IcePop `lo_hi`; "
+        "`rollout_rs: token_k1`",
+        "tepo": "`rollout_correction: tis` / `seq_tis` (`cap`), `mis` (`c_low`, `c_high`)",
+        "agree": "`cap = rollout_is_threshold`; `mis` weights = IcePop `c_low_c_high`, its kept tokens = "
+        "`token_k1` with `1/c_high_1/c_low`",
+        "differences": "verl's k1 is `-log rho`: the same `token_k1` string keeps `1/c_high <= rho <= 1/c_low` "
+        "(asserted); verl clamps `log rho` (token) or its row sum (sequence) at -20: weights below `exp(-20)` "
+        "differ (asserted)",
+        "tests": [f"{_MORE}::test_tis_seq_tis_mis_equal_verls_rollout_is_weights"],
+    },
 ]
 
 INTRO = """\
@@ -320,7 +392,8 @@ tensors to the framework's own code and to tepo's, and asserts equality at float
 "agree" column, or the documented difference. Generated from `tests/parity_rows.py`
 (`python tests/parity_rows.py > docs/parity.md`); `tests/test_parity_doc.py` fails when this page is stale.
 TRL tests run in the default suite; verl tests run in `.venv-verl` (`pytest -m slow
-tests/test_integration_verl_estimators.py tests/test_integration_verl_losses_2026.py`).
+tests/test_integration_verl_estimators.py tests/test_integration_verl_losses_2026.py
+tests/test_integration_verl_parity_more.py`).
 """
 
 
