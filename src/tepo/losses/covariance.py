@@ -264,8 +264,9 @@ def kl_cov(
     """KL-Cov: l = -r*A, plus kl_cov_coef * |logp - old| on the top kl_cov_ratio share of tokens by cov.
 
     Cui et al. (arXiv 2505.22617) Eq. 13: no ratio clipping; the k = max(1, int(kl_cov_ratio * n_valid)) valid
-    tokens with the largest cov get the penalty coef*|log r|. Defaults as verl's kl_cov (kl_cov_ratio 2e-4,
-    ppo_kl_coef 1.0, which is the paper's beta = 1). With ``cov_stats`` from `tepo.losses.mini_batch_stats` the
+    tokens with the largest cov get the penalty coef*|log r|. Defaults kl_cov_ratio 2e-4 (verl's) and kl_cov_coef
+    1.0 (the paper's beta = 1; verl's configured ppo_kl_coef is 0.1, its function's fallback 1.0 is never reached:
+    verl's default = kl_cov_coef=0.1, tests/test_integration_verl_parity_more.py). With ``cov_stats`` from `tepo.losses.mini_batch_stats` the
     top-k is the mini-batch's; without, this call's (module docstring). Metrics: ``kl_cov_frac`` = penalised
     share of this call's valid tokens and ``kl_cov_abs_kl`` = mean |log r| over them (verl's ppo_kl).
     """
