@@ -52,3 +52,25 @@ def small_vllm_run_overrides(tmp_path, python: str) -> list[str]:
         "log.progress=false",
         "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the rewards
     ]
+
+
+def one_window_grpo_config(tmp_path, completion_tokens: int, **settings):
+    """The ``GRPOConfig`` of the TRL parity tests: CPU, float32, one window of 4 completions (2 prompts x 2 samples)
+    per optimizer step, no accumulation, nothing logged or saved, seed 0; ``settings`` add to or override it."""
+    from trl import GRPOConfig
+
+    base = dict(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        per_device_train_batch_size=4,
+        num_generations=2,
+        steps_per_generation=1,
+        gradient_accumulation_steps=1,
+        max_completion_length=completion_tokens,
+        report_to="none",
+        save_strategy="no",
+        bf16=False,
+        seed=0,
+    )
+    base.update(settings)
+    return GRPOConfig(**base)

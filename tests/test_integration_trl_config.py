@@ -22,6 +22,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, LlamaForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
+from helpers import one_window_grpo_config
 from tepo.advantages import compute_advantages
 from tepo.integrations.trl import TepoGRPOTrainer
 from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, check_advantage_settings, plan_loss
@@ -36,21 +37,7 @@ def _reward(completions, **kwargs):
 
 
 def _config(tmp_path, **overrides) -> GRPOConfig:
-    base = dict(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        per_device_train_batch_size=4,
-        num_generations=2,
-        steps_per_generation=1,
-        gradient_accumulation_steps=1,
-        max_completion_length=T,
-        report_to="none",
-        save_strategy="no",
-        bf16=False,
-        seed=0,
-    )
-    base.update(overrides)
-    return GRPOConfig(**base)
+    return one_window_grpo_config(tmp_path, T, **overrides)
 
 
 @pytest.fixture(scope="module")

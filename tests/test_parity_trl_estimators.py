@@ -18,6 +18,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, LlamaForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
+from helpers import one_window_grpo_config
 from tepo.advantages import compute_advantages
 from tepo.losses import compute_policy_loss
 
@@ -37,20 +38,7 @@ def _reward(completions, **kwargs):
 
 
 def _trainer(tiny_model_dir, tmp_path, **config) -> GRPOTrainer:
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        per_device_train_batch_size=4,
-        num_generations=2,
-        steps_per_generation=1,
-        gradient_accumulation_steps=1,
-        max_completion_length=T,
-        report_to="none",
-        save_strategy="no",
-        bf16=False,
-        seed=0,
-        **config,
-    )
+    args = one_window_grpo_config(tmp_path, T, **config)
     trainer = GRPOTrainer(
         model=LlamaForCausalLM.from_pretrained(tiny_model_dir),
         reward_funcs=_reward,
