@@ -58,3 +58,26 @@ def test_training_eval_on_a_benchmark_matches_tepo_eval(embedded_model, tmp_path
 def test_training_eval_on_the_training_task_keeps_the_training_prompt():
     config = load_config("default", ["data.instruction=Answer with a number."])
     assert held_out_protocol(config) == {"instruction": "Answer with a number.", "answer_format": None}
+
+
+@pytest.mark.parametrize("batch_prompts, expected_calls", [(None, [3]), (2, [2, 1]), (1, [1, 1, 1])])
+def test_eval_batch_prompts_sets_prompts_per_generate_call(embedded_model, batch_prompts, expected_calls):
+    """``eval.batch_prompts`` fixes how the held-out set is cut into generate calls (batching moves bf16 answers
+    and each call's seed, so a study reproducing earlier runs pins it); unset, HF generate keeps 16 a call."""
+    model, tokenizer = embedded_model
+    overrides = ["eval.source=math500", "eval.size=3", "eval.samples=0", "eval.max_new_tokens=2"]
+    if batch_prompts is not None:
+        overrides.append(f"eval.batch_prompts={batch_prompts}")
+    config = load_config("default", overrides)
+    problems = resolve_benchmark("math500")[:3]
+    recorder = _Recorder(HFRollout(model, tokenizer))
+    with MathRewardPool(num_workers=1, timeout_s=10.0) as pool:
+        evaluate_held_out(recorder, tokenizer, problems, pool, config)
+    assert [len(prompts) for prompts, _, _ in recorder.calls] == expected_calls
+
+
+def test_eval_batch_prompts_must_be_positive():
+    from tepo.config import ConfigError
+
+    with pytest.raises(ConfigError, match="eval.batch_prompts"):
+        load_config("default", ["eval.batch_prompts=0"])

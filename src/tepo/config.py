@@ -191,6 +191,10 @@ class EvalConfig:
     temperature: float = 1.0
     every: int = 0  # also evaluate every N steps (0: only before and after training)
     max_new_tokens: int | None = None  # None: rollout.max_new_tokens
+    # Prompts per generate call. None: what keeps the backend busy (vLLM: the whole held-out set in one call; HF
+    # generate: 16). Batching moves bf16 results (greedy answers can flip) and each call's sampling seed is
+    # seed + call index, so a study that must match runs made before 2026-12-04 (16 a call) sets 16.
+    batch_prompts: int | None = None
 
 
 @dataclass
@@ -485,6 +489,8 @@ def validate(config: RunConfig) -> list[str]:
         )
     if c.train.save_every < 0 or c.eval.every < 0 or c.eval.size < 0 or c.eval.samples < 0:
         errors.append("train.save_every, eval.every, eval.size and eval.samples must be >= 0")
+    if c.eval.batch_prompts is not None and c.eval.batch_prompts < 1:
+        errors.append(f"eval.batch_prompts must be >= 1 or null (got {c.eval.batch_prompts})")
     if c.algorithm.max_resample_rounds and not c.algorithm.dynamic_sampling:
         errors.append("algorithm.max_resample_rounds > 0 needs algorithm.dynamic_sampling: true")
     errors += _rollout_correction_errors(c.algorithm)

@@ -65,8 +65,9 @@ def evaluate_held_out(rollout, tokenizer, problems: Sequence[Problem], pool, con
                 **common,
                 **kwargs,
                 # vLLM gets the whole held-out set in one call (16 prompts a call left it mostly idle); HF generate
-                # keeps 16-prompt batches.
-                batch_prompts=engine_batch_prompts(rollout, kwargs.get("num_samples", 1), default=16),
+                # keeps 16-prompt batches; eval.batch_prompts fixes it (to reproduce earlier studies' numbers).
+                batch_prompts=e.batch_prompts
+                or engine_batch_prompts(rollout, kwargs.get("num_samples", 1), default=16),
                 on_batch=lambda chunk: bar.update(len(chunk)),
             )
             out[f"eval_{name}_accuracy"] = accuracy(results)
