@@ -1,13 +1,16 @@
 """The parity guard (rollout.parity_check) on the real vLLM engine: a sync that leaves the engine on old weights
-stops the run; a correct sync passes. LoRA adapters exercise the merged-weights export as well."""
+stops the run, even when it missed a single small update; a correct sync passes. LoRA adapters exercise the
+merged-weights export as well."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
 from helpers import small_vllm_run_overrides, vllm_python_or_skip
-from tepo.rollout.parity import ParityError, ParityGuard, parity_gap
+from tepo.rollout.parity import ParityError, ParityGuard
 
 pytestmark = pytest.mark.model
 
@@ -36,9 +39,9 @@ def test_guard_stops_a_stale_engine_and_passes_a_synced_one(monkeypatch, lora):
         model = apply_lora(model, LoraConfig(rank=8, alpha=16.0))
     with VLLMRollout(model, tokenizer, python=python, dtype="bfloat16", kv_cache_gb=0.25) as rollout:
         max_gap = RolloutConfig().parity_max_gap
-        fresh = parity_gap(rollout, model, tokenizer)
-        assert fresh < max_gap  # the bf16 engine against the float32 trainer, same weights
         rollout.parity_guard = ParityGuard(max_gap)
+        fresh = rollout.parity_guard.check(rollout)
+        assert fresh.gap < max_gap  # the bf16 engine against the weights it was sent
         _update(model, tokenizer)
 
         real_call = rollout._call
@@ -52,7 +55,7 @@ def test_guard_stops_a_stale_engine_and_passes_a_synced_one(monkeypatch, lora):
         monkeypatch.setattr(rollout, "_call", real_call)
         assert rollout.sync_weights(force=True)  # a correct sync passes the guard
         assert rollout.parity_guard.last_gap < max_gap
-        assert rollout.parity_guard.checks == 2
+        assert rollout.parity_guard.checks == 3
 
 
 def test_a_lora_training_run_with_vllm_passes_the_guard_at_every_sync(tmp_path, embedded_model_dir):
@@ -79,3 +82,43 @@ def test_a_lora_training_run_with_vllm_passes_the_guard_at_every_sync(tmp_path, 
     assert trainer.rollout.sync_count == 2
     assert guard.checks == 2
     assert guard.last_gap < config.rollout.parity_max_gap
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert "parity_gap" not in rows[0]  # step 1 sampled from the weights the engine started with
+    assert rows[1]["parity_gap"] < config.rollout.parity_max_gap and "parity_share" not in rows[1]
+    # Step 3's check compares with step 2's: the engine followed the update (lr 1e-3 moves the probe well
+    # above the noise floor, so the check decided).
+    assert rows[2]["parity_decided"] == 1 and rows[2]["parity_share"] > config.rollout.parity_min_share
+
+
+# LoRA's variant is opt-in (-m slow): the default suite keeps full fine-tuning's (one real-engine run, ~40 s).
+@pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_one_skipped_sync_stops_the_run_at_the_first_check_after_it(tmp_path, lora):
+    """The engine misses exactly one reload (before step 3) and samples weights one update old: the gap to the
+    trainer stays far below parity_max_gap (the gross check passes it), and the share test stops the run at that
+    very sync. lr is what makes one update move the probe above the noise floor in a few 8-token steps."""
+    python = vllm_python_or_skip()
+    from tepo.config import load_config
+    from tepo.training import Trainer
+
+    lora_overrides = ["model.lora.rank=8", "optim.lr=1e-3"] if lora else ["optim.lr=2e-4"]
+    config = load_config(
+        "default",
+        [*small_vllm_run_overrides(tmp_path, python), *lora_overrides, "train.steps=4", "eval.size=0"],
+    )
+    trainer = Trainer(config, tmp_path / "run", log=lambda *_: None)
+    real_call, reloads = trainer.rollout._call, []
+
+    def drop_the_second_reload(request):
+        if request["cmd"] == "reload":
+            reloads.append(request)
+            if len(reloads) == 2:
+                return {"ok": True, "seconds": 0.0}  # the engine keeps the weights of update 1
+        return real_call(request)
+
+    trainer.rollout._call = drop_the_second_reload
+    with pytest.raises(ParityError, match="not sampling the latest weights"):
+        trainer.run()
+    guard = trainer.rollout.parity_guard
+    assert len(reloads) == 2 and guard.checks == 2  # stopped at the check of the skipped sync, not later
+    assert guard.last.decided and guard.last.share == 0.0  # the engine's log-probs did not move at all
+    assert guard.last.gap < config.rollout.parity_max_gap  # what the gap-only guard could not see

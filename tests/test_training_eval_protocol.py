@@ -79,5 +79,5 @@ def test_eval_batch_prompts_sets_prompts_per_generate_call(embedded_model, batch
 def test_eval_batch_prompts_must_be_positive():
     from tepo.config import ConfigError
 
-    with pytest.raises(ConfigError, match="eval.batch_prompts"):
+    with pytest.raises(ConfigError, match=r"eval\.batch_prompts"):
         load_config("default", ["eval.batch_prompts=0"])

@@ -95,13 +95,18 @@ class RolloutConfig:
     # 0: sample, then update (on-policy up to the engine's numerics). 1: sample step k+1's batch in the background
     # while step k's update runs (one policy version behind; needs an engine in a process of its own, vllm).
     async_steps: int = 0
-    # vllm backend: after each weight sync, compare the engine's log-probs of a fixed probe with the trainer's and stop
-    # the run if they differ by more than parity_max_gap per token on average (tepo.rollout.parity).
+    # vllm backend: after each weight sync, the engine and the trainer score a fixed probe (tepo.rollout.parity):
+    # the run stops if they differ by more than parity_max_gap per token on average (a grossly wrong engine), or
+    # if the engine followed less than parity_min_share of the last update's move of the probe, whenever that move
+    # is at least parity_min_shift (rms log-prob per token; smaller moves are counted as undecided, not stopped).
     parity_check: bool = True
-    # A correct bf16 sync measured up to 0.16 on the greedy probe after 3 updates of a default run (the gap follows
-    # the probe's tokens, not only staleness): 0.5 stops grossly wrong engines without stopping correct runs
-    # (docs/performance.md "LoRA and the parity guard").
+    # A correct bf16 sync measures 0.03-0.04 per token against the weights it was sent: 0.5 stops only grossly
+    # wrong engines (a broken export, a different model).
     parity_max_gap: float = 0.5
+    # Calibrated on the embedded model, LoRA and full fine-tuning (benchmarks/calibrate_parity.py,
+    # docs/performance.md "The parity guard").
+    parity_min_shift: float = 0.003
+    parity_min_share: float = 0.5
 
 
 @dataclass

@@ -1,78 +1,253 @@
 """Parity guard: does the rollout engine sample the weights being trained? (``rollout.parity_check``)
 
-At each weight sync the engine decodes a short fixed probe greedily (one chat prompt, ``PROBE_TOKENS`` tokens; its
-reported log-probs are then the plain ``log_softmax`` of its logits) and the trainer
-scores the same tokens with :func:`tepo.logprobs.response_logprobs` in float32. The gap is
+At each synchronous weight sync the engine and the trainer score one fixed probe: ``len(PROBE_QUESTIONS)`` chat
+prompts and the responses the engine sampled for them at the first check (seeded, temperature 1, so the tokens
+are not all near-certain ones whose log-prob cannot move). The probe's tokens never change afterwards.
 
-    gap = mean_t | log pi_engine(y_t | x, y_<t) - log pi_trainer(y_t | x, y_<t) |
+- The engine scores them under the weights it holds (``score_tokens``: one prefill, ``prompt_logprobs``): ``e``.
+- The trainer scores them in float32 *at the weights the engine was sent*: the exported (LoRA-merged) tensors
+  rounded to the engine's dtype (:func:`engine_weights`): ``c``. Why not the trainer's own float32 weights: a bf16
+  engine cannot represent an update smaller than half a bf16 step of a weight. Measured on the embedded model
+  (lr 2e-5, weights loaded from a bf16 checkpoint), the first update left every bf16 weight bit-identical, so a
+  correct engine's log-probs did not move at all while the float32 trainer's moved by 0.05 per token: against
+  the float32 weights a correct sync looks exactly like a stale one.
 
-over the probe's tokens. An engine holding the trainer's weights differs only by its numerics (bf16 against
-float32); an engine that kept old weights (a broken sync) differs by what the updates changed. A gap above
-``rollout.parity_max_gap`` stops the run with :class:`ParityError` (measured gaps and the threshold's calibration:
-docs/performance.md).
+Two tests, the second only when it can be decided:
+
+1. **Gross gap** (every check): ``gap = mean_t |e_t - c_t|`` above ``rollout.parity_max_gap`` stops the run. The
+   engine holds the sent weights up to its own arithmetic (bf16 against float32): 0.03-0.04 per token measured.
+2. **One update** (from the second check on): with ``de = e_k - e_{k-1}`` and ``dc = c_k - c_{k-1}`` the changes
+   since the previous check, the engine's share of the update is
+
+       share = (de . dc) / (dc . dc)
+
+   An engine that reloaded gives ``share`` near 1; one that kept the previous weights gives ``de = 0`` exactly
+   (same weights, same tokens, same prefill: measured bit-identical), so ``share = 0``. The check is *decided*
+   when the update moved the probe by more than the engine's arithmetic noise, ``rms(dc) >= parity_min_shift``;
+   then ``share < parity_min_share`` (0.5: nearer the previous weights than the current ones) stops the run. An
+   undecided check (the sent weights barely changed; bit-identical ones give ``dc = 0``) is counted, not stopped:
+   an engine cannot be told stale from current when the two are (nearly) the same weights.
+
+Every check's numbers are in :attr:`ParityGuard.last` and go to the step's metrics row (``parity_*``). The
+calibration of both thresholds on the embedded model, LoRA and full fine-tuning: ``benchmarks/calibrate_parity.py``
+and docs/performance.md ("The parity guard").
+
+Staged syncs (``rollout.async_steps=1``) are not checked (the model is mid-update in another thread by then); the
+next check then spans several updates, which the share test handles the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+from dataclasses import dataclass
+
 import torch
 
-PROBE_QUESTION = "What is 17 + 25? Give the final answer as a number."
-PROBE_TOKENS = 24
+PROBE_QUESTIONS = (
+    "What is 17 + 25? Give the final answer as a number.",
+    "Tom has 12 apples and buys 9 more. How many apples does he have?",
+    "A box holds 6 rows of 7 eggs. How many eggs are in the box?",
+    "What is 83 - 47? Give the final answer as a number.",
+    "Sara reads 15 pages a day. How many pages does she read in 4 days?",
+    "A train travels 60 miles in one hour. How far does it go in 3 hours?",
+    "There are 48 cookies shared equally among 6 children. How many does each child get?",
+    "What is 9 times 8, plus 5?",
+)
+# Sampled per probe prompt, once. More tokens average the engine's arithmetic noise down in the share
+# (about 1/sqrt(tokens)); eight 64-token responses cost one small prefill and forward pass a sync.
+PROBE_TOKENS = 64
+PROBE_SEED = 1234
 
 
 class ParityError(RuntimeError):
     """The rollout engine's log-probs do not match the trained policy's: it is not sampling the trained weights."""
 
 
-def probe_prompt_ids(tokenizer) -> list[int]:
-    messages = [{"role": "user", "content": PROBE_QUESTION}]
+def probe_prompt_ids(tokenizer, question: str = PROBE_QUESTIONS[0]) -> list[int]:
+    messages = [{"role": "user", "content": question}]
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(t) for t in ids]
-    return [int(t) for t in tokenizer(PROBE_QUESTION)["input_ids"]]
+    return [int(t) for t in tokenizer(question)["input_ids"]]
 
 
-def parity_gap(rollout, model, tokenizer) -> float:
-    """Mean absolute log-prob gap between ``rollout``'s engine and ``model`` (float32) on the fixed probe."""
+@contextlib.contextmanager
+def engine_weights(model, dtype: torch.dtype):
+    """Inside, ``model`` computes with the weights an engine of ``dtype`` was sent: its exported (LoRA-merged)
+    tensors (:func:`tepo.lora.merged_state_dict`, as :func:`tepo.rollout.vllm.write_weights` writes them) rounded
+    to ``dtype`` and back to the parameters' dtype. A LoRA model runs with its adapters off and the merged weights
+    in its base layers. The parameters' own tensors are put back untouched on exit (the swap replaces ``.data``,
+    never writes into it), so training continues bit for bit. Costs one transient copy of the weights."""
+    from tepo.lora import is_lora, merged_state_dict
+
+    base = model.get_base_model() if is_lora(model) else model
+    params = dict(base.named_parameters())
+    rounded = {}
+    with torch.no_grad():
+        for name, tensor in merged_state_dict(model).items():
+            target = name if name in params else name.replace(".weight", ".base_layer.weight")
+            if target in params:
+                p = params[target]
+                rounded[target] = tensor.detach().to(dtype).to(p.dtype)
+    saved = {name: params[name].data for name in rounded}
+    adapters_off = model.disable_adapter() if is_lora(model) else contextlib.nullcontext()
+    try:
+        for name, tensor in rounded.items():
+            params[name].data = tensor
+        with adapters_off:
+            yield model
+    finally:
+        for name, tensor in saved.items():
+            params[name].data = tensor
+
+
+@dataclass
+class Probe:
+    """The fixed probe: full token sequences (prompt + sampled response) and where each response starts."""
+
+    sequences: list[list[int]]
+    starts: list[int]
+
+    def as_batch(self, pad_token_id: int):
+        """Left-padded prompts, right-padded responses: the layout :func:`tepo.logprobs.response_logprobs` takes."""
+        prompts = [s[:k] for s, k in zip(self.sequences, self.starts)]
+        responses = [s[k:] for s, k in zip(self.sequences, self.starts)]
+        p, t = max(map(len, prompts)), max(map(len, responses))
+        ids = torch.full((len(prompts), p + t), pad_token_id, dtype=torch.long)
+        attention = torch.zeros_like(ids)
+        for i, (prompt, response) in enumerate(zip(prompts, responses)):
+            ids[i, p - len(prompt) : p] = torch.tensor(prompt)
+            attention[i, p - len(prompt) : p] = 1
+            ids[i, p : p + len(response)] = torch.tensor(response)
+            attention[i, p : p + len(response)] = 1
+        return ids, attention, t
+
+
+def sample_probe(rollout, tokenizer) -> Probe:
+    """Draw the probe's responses with the engine, once (seeded: the same probe for the same start weights)."""
+    prompts = [probe_prompt_ids(tokenizer, q) for q in PROBE_QUESTIONS]
+    batch = rollout.generate(
+        prompts, num_samples=1, max_new_tokens=PROBE_TOKENS, temperature=1.0, top_p=1.0, seed=PROBE_SEED
+    )
+    mask = batch.response_mask.bool()
+    sequences, starts = [], []
+    for i, prompt in enumerate(prompts):
+        response = batch.input_ids[i, -batch.response_len :][mask[i]].tolist()
+        if response:
+            sequences.append(list(prompt) + response)
+            starts.append(len(prompt))
+    if not sequences:
+        raise ParityError("the parity probe is empty: the engine answered every probe prompt with no token")
+    return Probe(sequences, starts)
+
+
+def trainer_probe_logprobs(model, probe: Probe, pad_token_id: int, dtype: torch.dtype) -> torch.Tensor:
+    """The probe's response log-probs, flat, in float32 at the weights an engine of ``dtype`` was sent."""
     from tepo.logprobs import response_logprobs
 
-    batch = rollout.generate(
-        [probe_prompt_ids(tokenizer)],
-        num_samples=1,
-        max_new_tokens=PROBE_TOKENS,
-        temperature=1.0,
-        top_p=1.0,
-        seed=0,
-        greedy=True,
-        return_logprobs=True,
-    )
+    ids, attention, t = probe.as_batch(pad_token_id)
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()  # no dropout (LoRA's): the policy the engine was given
     try:
-        with torch.no_grad():
+        with torch.no_grad(), engine_weights(model, dtype):
             logp, _ = response_logprobs(
-                model, batch.input_ids, batch.attention_mask, response_len=batch.response_len
+                model, ids.to(device), attention.to(device), response_len=t, compute_entropy=False
             )
     finally:
         model.train(was_training)
-    mask = batch.response_mask.bool()
-    return float((logp.float() - batch.rollout_logp.float()).abs()[mask].mean())
+    return logp.float().cpu()[attention[:, -t:].bool()].double()
+
+
+def engine_probe_logprobs(rollout, probe: Probe) -> torch.Tensor:
+    rows = rollout.score_tokens(probe.sequences, probe.starts)
+    return torch.tensor([v for row in rows for v in row], dtype=torch.float64)
+
+
+def update_share(
+    engine_before: torch.Tensor,
+    trainer_before: torch.Tensor,
+    engine_now: torch.Tensor,
+    trainer_now: torch.Tensor,
+) -> tuple[float | None, float, float]:
+    """``(share, shift, residual)`` of the same tokens' log-probs scored at two checks, with ``de``/``dc`` the
+    engine's/trainer's change between them: ``share = (de . dc) / (dc . dc)`` (None when ``dc = 0``),
+    ``shift = rms(dc)`` and ``residual = rms(de - dc)`` (the engine's arithmetic noise when it is current; by
+    Cauchy-Schwarz ``|share - 1| <= residual / shift``)."""
+    de = (engine_now - engine_before).double()
+    dc = (trainer_now - trainer_before).double()
+    n = max(dc.numel(), 1)
+    squared = float(dc @ dc)
+    shift = math.sqrt(squared / n)
+    residual = math.sqrt(float((de - dc) @ (de - dc)) / n)
+    return (float(de @ dc) / squared if squared > 0 else None), shift, residual
+
+
+@dataclass
+class ParityReading:
+    gap: float  # mean |engine - trainer| per probe token, now
+    share: float | None  # the engine's share of the trainer's change since the last check (None: first check)
+    shift: float | None  # rms per token of the trainer's change since the last check
+    residual: float | None  # rms per token of (engine's change - trainer's change)
+    decided: bool  # the one-update test applied (shift >= min_shift)
+
+    def metrics(self) -> dict:
+        out = {"parity_gap": self.gap, "parity_decided": int(self.decided)}
+        if self.shift is not None:
+            out["parity_shift"] = self.shift
+            out["parity_residual"] = self.residual
+        if self.share is not None:
+            out["parity_share"] = self.share
+        return out
 
 
 class ParityGuard:
     """Called by the engine after each weight sync (see :meth:`tepo.rollout.vllm.VLLMRollout.sync_weights`)."""
 
-    def __init__(self, max_gap: float):
+    def __init__(
+        self,
+        max_gap: float,
+        *,
+        min_shift: float = 0.003,
+        min_share: float = 0.5,
+        engine_dtype: torch.dtype = torch.bfloat16,
+    ):
         self.max_gap = float(max_gap)
-        self.last_gap: float | None = None
+        self.min_shift = float(min_shift)
+        self.min_share = float(min_share)
+        self.engine_dtype = engine_dtype
+        self.probe: Probe | None = None
+        self._previous: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.last: ParityReading | None = None
         self.checks = 0
+        self.undecided = 0
 
-    def check(self, rollout) -> float:
-        gap = parity_gap(rollout, rollout.model, rollout.tokenizer)
-        self.last_gap = gap
+    @property
+    def last_gap(self) -> float | None:
+        return None if self.last is None else self.last.gap
+
+    def check(self, rollout) -> ParityReading:
+        if self.probe is None:
+            self.probe = sample_probe(rollout, rollout.tokenizer)
+        engine = engine_probe_logprobs(rollout, self.probe)
+        trainer = trainer_probe_logprobs(rollout.model, self.probe, rollout.pad_token_id, self.engine_dtype)
+        if engine.shape != trainer.shape:
+            raise ParityError(
+                f"the engine scored {engine.numel()} probe tokens and the trainer {trainer.numel()}: they did not "
+                "read the same tokens"
+            )
+        gap = float((engine - trainer).abs().mean())
+        share = shift = residual = None
+        if self._previous is not None:
+            share, shift, residual = update_share(*self._previous, engine, trainer)
+        decided = shift is not None and share is not None and shift >= self.min_shift
+        self._previous = (engine, trainer)
+        self.last = ParityReading(gap, share, shift, residual, decided)
         self.checks += 1
+        self.undecided += int(shift is not None and not decided)
         if not gap <= self.max_gap:
             raise ParityError(
                 f"the rollout engine is not sampling the trained weights: on a fixed probe its log-probs differ "
@@ -80,4 +255,12 @@ class ParityGuard:
                 f"{self.max_gap} (a correct sync differs only by the engine's dtype). Check the weight sync "
                 "(tepo.rollout.vllm.write_weights); set rollout.parity_check=false only to debug."
             )
-        return gap
+        if decided and not share >= self.min_share:
+            raise ParityError(
+                f"the rollout engine is not sampling the latest weights: since the last sync the trainer's "
+                f"log-probs on a fixed probe moved by {shift:.4f} per token (rms), and the engine's followed "
+                f"{share:.2f} of that move, below rollout.parity_min_share={self.min_share} (a reloaded engine "
+                "follows about 1, one that kept the previous weights 0). The last weight sync did not reach the "
+                "engine; set rollout.parity_check=false only to debug."
+            )
+        return self.last

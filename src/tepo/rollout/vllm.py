@@ -385,6 +385,10 @@ class VLLMRollout:
             errors.append(f"rollout.vllm_max_model_len: must be >= 1, got {r.vllm_max_model_len}")
         if not r.parity_max_gap > 0:
             errors.append(f"rollout.parity_max_gap: must be > 0, got {r.parity_max_gap}")
+        if not r.parity_min_shift > 0:
+            errors.append(f"rollout.parity_min_shift: must be > 0, got {r.parity_min_shift}")
+        if not 0 < r.parity_min_share < 1:
+            errors.append(f"rollout.parity_min_share: must be in (0, 1), got {r.parity_min_share}")
         return errors
 
     # ---- the interface ----------------------------------------------------------------------------------------
@@ -453,6 +457,18 @@ class VLLMRollout:
             rollout_logps=logps if return_logprobs else None,
         )
 
+    def score_tokens(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
+        """The engine's log-probs of ``sequences[i][starts[i]:]``, each token given the ones before it, under the
+        weights it holds now (no sync first: the parity guard asks what the engine has, not what it should have)."""
+        reply = self._call(
+            {
+                "cmd": "score",
+                "sequences": [list(map(int, s)) for s in sequences],
+                "starts": list(map(int, starts)),
+            }
+        )
+        return [[float(v) for v in row] for row in reply["logprobs"]]
+
     def weights_updated(self) -> None:
         """Tell the backend the model's weights changed; the next ``generate`` sends them to the engine first."""
         self._stale = True
@@ -515,6 +531,7 @@ class VLLMRollout:
             seconds = self.last_sync_seconds
             self.parity_guard.check(self)
             self.last_sync_seconds = seconds  # the probe's own generate reset it: report the sync's time
+            self._synced_version = _weights_version(self.model)  # the check swapped weights in and back out
         return True
 
     def _drop_weights_file(self) -> None:

@@ -14,6 +14,10 @@ left to vLLM's own logging). Only token ids, numbers and a folder path cross the
   "seconds": s}``
 - ``{"cmd": "reload", "path": folder}`` (a folder with ``model.safetensors``): the engine's weights are
   replaced in place from it (``reload_weights``; no restart) -> ``{"ok": true, "seconds": s}``
+- ``{"cmd": "score", "sequences": [[id, ...], ...], "starts": [k, ...]}`` -> ``{"ok": true, "logprobs":
+  [[lp, ...], ...], "seconds": s}``: each sequence's own tokens from position ``k`` on, scored by the engine's
+  current weights in one prefill (vLLM's ``prompt_logprobs``: the raw log-softmax, no sampling settings applied);
+  row ``i`` has ``len(sequence_i) - k_i`` values. Used by tepo's parity guard (``tepo.rollout.parity``).
 - ``{"cmd": "shutdown"}`` -> ``{"ok": true}``, then the process exits.
 A failing command answers ``{"ok": false, "error": "..."}`` and the server keeps serving.
 """
@@ -118,6 +122,25 @@ def _generate(llm, request: dict) -> dict:
     return {"ok": True, "outputs": outputs, "seconds": time.perf_counter() - start}
 
 
+def _score(llm, request: dict) -> dict:
+    from vllm import SamplingParams
+
+    sequences = [[int(t) for t in ids] for ids in request["sequences"]]
+    starts = [int(k) for k in request["starts"]]
+    if len(starts) != len(sequences) or any(not 1 <= k < len(ids) for k, ids in zip(starts, sequences)):
+        raise ValueError("score: one start per sequence, each >= 1 and below the sequence's length")
+    # prompt_logprobs=0: only the log-prob of each prompt token itself. max_tokens=1: nothing is decoded that
+    # matters; the one sampled token is dropped. Requests that ask for prompt log-probs bypass the prefix cache.
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+    start = time.perf_counter()
+    results = llm.generate([{"prompt_token_ids": ids} for ids in sequences], params, use_tqdm=False)
+    rows = []
+    for result, ids, k in zip(results, sequences, starts):
+        scored = result.prompt_logprobs  # position 0 (no context) is None
+        rows.append([float(scored[t][ids[t]].logprob) for t in range(k, len(ids))])
+    return {"ok": True, "logprobs": rows, "seconds": time.perf_counter() - start}
+
+
 def _reload(llm, request: dict) -> dict:
     start = time.perf_counter()
     llm.collective_rpc("reload_weights", kwargs={"weights_path": str(request["path"])})
@@ -218,7 +241,7 @@ def _serve(args) -> int:
         }
     )
 
-    handlers = {"generate": _generate, "reload": _reload}
+    handlers = {"generate": _generate, "reload": _reload, "score": _score}
     for line in requests:
         if not line.strip():
             continue

@@ -173,6 +173,12 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
     row["gen_tokens_per_s"] = row["gen_tokens"] / max(row["gen_seconds"], 1e-9)
     if getattr(parts.rollout, "last_sync_seconds", None) is not None:
         row["rollout_sync_seconds"] = parts.rollout.last_sync_seconds  # included in gen_seconds
+    guard = getattr(parts.rollout, "parity_guard", None)
+    if guard is not None and guard.checks > trainer.parity_checks_logged:
+        # This step's sync checked the engine (tepo.rollout.parity): the gap, and the share of the last update.
+        trainer.parity_checks_logged = guard.checks
+        row.update(guard.last.metrics())
+        row["parity_undecided_total"] = guard.undecided
     row["lr"] = parts.scheduler.get_last_lr()[0]
     row["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     if trainer.device.type == "cuda":  # the GPU's own peak since the run started (allocated by torch)

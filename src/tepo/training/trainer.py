@@ -146,7 +146,12 @@ class Trainer:
             from tepo.rollout.parity import ParityGuard
 
             # Every weight sync checks that the engine samples the trained weights (tepo.rollout.parity).
-            self.rollout.parity_guard = ParityGuard(c.rollout.parity_max_gap)
+            self.rollout.parity_guard = ParityGuard(
+                c.rollout.parity_max_gap,
+                min_shift=c.rollout.parity_min_shift,
+                min_share=c.rollout.parity_min_share,
+                engine_dtype=getattr(torch, self.rollout.dtype),
+            )
         # Off-policy correction of the sampler/trainer gap (auto: on where another engine samples).
         mode = resolve_rollout_correction(c, backend=choose_rollout_backend(c.rollout)[0])
         self.correction = (
@@ -214,6 +219,7 @@ class Trainer:
         )
 
         self.step = 0
+        self.parity_checks_logged = 0  # guard checks already in a metrics row (tepo.training.step)
         self.bad_steps_in_row = 0
         self.reward_base = {"timeouts": 0, "parse_failures": 0}  # earlier processes' counters of this run
         self._pool: MathRewardPool | None = None
