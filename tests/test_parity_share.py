@@ -48,27 +48,41 @@ class _ScriptedGuard(ParityGuard):
             parity.engine_probe_logprobs, parity.trainer_probe_logprobs = real
 
 
-def test_guard_stops_an_engine_that_missed_one_update_and_counts_undecided_checks():
+def test_guard_stops_an_engine_that_did_not_follow_the_update_and_counts_undecided_checks():
     start = ([-1.0, -2.0], [-1.01, -2.02])
     moved = ([-1.2, -1.8], [-1.21, -1.82])  # engine and trainer both moved by (-0.2, +0.2)
-    guard = _ScriptedGuard([start, moved, moved, (moved[0], [-1.5, -1.5])], min_shift=0.05)
+    # 4th: the trainer moved by (-0.29, +0.32), the engine by (+0.01, -0.01): share = -0.0061 / 0.1865
+    off = ([-1.19, -1.81], [-1.5, -1.5])
+    guard = _ScriptedGuard([start, moved, moved, off], min_shift=0.05)
     assert guard.check().decided is False  # first check: no previous reading
     reading = guard.check()
     assert reading.decided and reading.share == pytest.approx(1.0)
     # Nothing moved since (bit-identical weights): undecided, counted, not stopped.
     assert guard.check().decided is False and guard.undecided == 1
-    # The trainer moved again, the engine did not: share 0 -> stop, saying how far it followed.
-    with pytest.raises(ParityError, match=r"followed 0\.00 of that move"):
+    # The trainer moved again, the engine only a little, the other way: share < 0.5 -> stop, saying how far.
+    with pytest.raises(ParityError, match=r"followed -0\.03 of that move"):
         guard.check()
+    assert guard.last.share == pytest.approx(-0.0061 / 0.1865) and not guard.last.frozen
 
 
-def test_guard_below_the_noise_floor_is_undecided_not_stopped():
+def test_guard_stops_a_frozen_engine_however_small_the_update():
+    """Bit-identical engine scores while the sent weights changed: stale, even far below the noise floor."""
     start = ([-1.0, -2.0], [-1.0, -2.0])
     tiny = ([-1.0, -2.0], [-1.001, -1.999])  # trainer moved 0.001 rms, engine not at all
     guard = _ScriptedGuard([start, tiny], min_shift=0.003)
     guard.check()
+    with pytest.raises(ParityError, match="bit-identical"):
+        guard.check()
+    assert guard.last.frozen and not guard.last.decided
+
+
+def test_guard_below_the_noise_floor_is_undecided_not_stopped():
+    start = ([-1.0, -2.0], [-1.0, -2.0])
+    noisy = ([-0.999, -2.0], [-1.001, -1.999])  # trainer moved 0.001 rms, engine by noise, not along it
+    guard = _ScriptedGuard([start, noisy], min_shift=0.003)
+    guard.check()
     reading = guard.check()
-    assert reading.share == pytest.approx(0.0) and not reading.decided and guard.undecided == 1
+    assert reading.share < 0.5 and not reading.decided and not reading.frozen and guard.undecided == 1
 
 
 def test_guard_stops_a_gross_gap_at_the_first_check():

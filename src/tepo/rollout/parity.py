@@ -12,21 +12,24 @@ are not all near-certain ones whose log-prob cannot move). The probe's tokens ne
   correct engine's log-probs did not move at all while the float32 trainer's moved by 0.05 per token: against
   the float32 weights a correct sync looks exactly like a stale one.
 
-Two tests, the second only when it can be decided:
+Three tests:
 
 1. **Gross gap** (every check): ``gap = mean_t |e_t - c_t|`` above ``rollout.parity_max_gap`` stops the run. The
    engine holds the sent weights up to its own arithmetic (bf16 against float32): 0.03-0.04 per token measured.
-2. **One update** (from the second check on): with ``de = e_k - e_{k-1}`` and ``dc = c_k - c_{k-1}`` the changes
-   since the previous check, the engine's share of the update is
+2. **Frozen engine** (from the second check on): the sent weights changed (``c`` moved) but the engine's scores
+   are *bit-identical* to the previous check's: it is still on the previous weights. The engine is
+   deterministic for one request (same weights, same tokens, one prefill: measured bit-identical at every
+   check), and no real change of its weights leaves all of the probe's log-probs unchanged, so this never fires
+   on a correct sync and catches a skipped one whatever the size of the update.
+3. **Update share** (for engines whose scores are not reproducible bit for bit, and syncs that load only part of
+   the weights): with ``de = e_k - e_{k-1}`` and ``dc = c_k - c_{k-1}`` the changes since the previous check,
 
        share = (de . dc) / (dc . dc)
 
-   An engine that reloaded gives ``share`` near 1; one that kept the previous weights gives ``de = 0`` exactly
-   (same weights, same tokens, same prefill: measured bit-identical), so ``share = 0``. The check is *decided*
-   when the update moved the probe by more than the engine's arithmetic noise, ``rms(dc) >= parity_min_shift``;
-   then ``share < parity_min_share`` (0.5: nearer the previous weights than the current ones) stops the run. An
-   undecided check (the sent weights barely changed; bit-identical ones give ``dc = 0``) is counted, not stopped:
-   an engine cannot be told stale from current when the two are (nearly) the same weights.
+   is near 1 for an engine that reloaded and 0 for one that kept the previous weights. It is noisy (the engine's
+   arithmetic: ``|share - 1|`` measured up to about 0.02 / rms(dc)), so it decides only when the update moved the
+   probe by ``rms(dc) >= parity_min_shift``; then ``share < parity_min_share`` (0.5: nearer the previous weights
+   than the current ones) stops the run. Otherwise the check is counted as undecided, not stopped.
 
 Every check's numbers are in :attr:`ParityGuard.last` and go to the step's metrics row (``parity_*``). The
 calibration of both thresholds on the embedded model, LoRA and full fine-tuning: ``benchmarks/calibrate_parity.py``
@@ -192,10 +195,11 @@ class ParityReading:
     share: float | None  # the engine's share of the trainer's change since the last check (None: first check)
     shift: float | None  # rms per token of the trainer's change since the last check
     residual: float | None  # rms per token of (engine's change - trainer's change)
-    decided: bool  # the one-update test applied (shift >= min_shift)
+    decided: bool  # the share test applied (shift >= min_shift)
+    frozen: bool = False  # the sent weights changed, the engine's scores did not (bit for bit)
 
     def metrics(self) -> dict:
-        out = {"parity_gap": self.gap, "parity_decided": int(self.decided)}
+        out = {"parity_gap": self.gap, "parity_decided": int(self.decided), "parity_frozen": int(self.frozen)}
         if self.shift is not None:
             out["parity_shift"] = self.shift
             out["parity_residual"] = self.residual
@@ -211,7 +215,7 @@ class ParityGuard:
         self,
         max_gap: float,
         *,
-        min_shift: float = 0.003,
+        min_shift: float = 0.08,
         min_share: float = 0.5,
         engine_dtype: torch.dtype = torch.bfloat16,
     ):
@@ -241,11 +245,13 @@ class ParityGuard:
             )
         gap = float((engine - trainer).abs().mean())
         share = shift = residual = None
+        frozen = False
         if self._previous is not None:
             share, shift, residual = update_share(*self._previous, engine, trainer)
+            frozen = shift > 0 and torch.equal(engine, self._previous[0])
         decided = shift is not None and share is not None and shift >= self.min_shift
         self._previous = (engine, trainer)
-        self.last = ParityReading(gap, share, shift, residual, decided)
+        self.last = ParityReading(gap, share, shift, residual, decided, frozen)
         self.checks += 1
         self.undecided += int(shift is not None and not decided)
         if not gap <= self.max_gap:
@@ -254,6 +260,14 @@ class ParityGuard:
                 f"from the trainer's by {gap:.4f} per token on average, above rollout.parity_max_gap="
                 f"{self.max_gap} (a correct sync differs only by the engine's dtype). Check the weight sync "
                 "(tepo.rollout.vllm.write_weights); set rollout.parity_check=false only to debug."
+            )
+        if frozen:
+            raise ParityError(
+                "the rollout engine is not sampling the latest weights: the weights it was sent changed since the "
+                f"last sync (the trainer's log-probs on a fixed probe moved by {shift:.4f} per token, rms) but the "
+                "engine's log-probs of the probe are bit-identical to the last check's, so it still holds the "
+                "previous weights: the last weight sync did not reach the engine. Set rollout.parity_check=false "
+                "only to debug."
             )
         if decided and not share >= self.min_share:
             raise ParityError(
