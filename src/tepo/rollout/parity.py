@@ -27,7 +27,7 @@ Three tests:
        share = (de . dc) / (dc . dc)
 
    is near 1 for an engine that reloaded and 0 for one that kept the previous weights. It is noisy (the engine's
-   arithmetic: ``|share - 1|`` measured up to about 0.02 / rms(dc)), so it decides only when the update moved the
+   arithmetic: ``|share - 1|`` measured up to about 0.025 / rms(dc)), so it decides only when the update moved the
    probe by ``rms(dc) >= parity_min_shift``; then ``share < parity_min_share`` (0.5: nearer the previous weights
    than the current ones) stops the run. Otherwise the check is counted as undecided, not stopped.
 
