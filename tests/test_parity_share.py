@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from helpers import tiny_llama
 from tepo.rollout.parity import ParityError, ParityGuard, Probe, engine_weights, update_share
 
 
@@ -91,28 +92,12 @@ def test_guard_stops_a_gross_gap_at_the_first_check():
         guard.check()
 
 
-def _tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        tie_word_embeddings=True,
-    )
-    return LlamaForCausalLM(config).float()
-
-
 @pytest.mark.parametrize("lora", [False, True])
 def test_engine_weights_are_the_sent_weights_rounded_and_are_put_back(lora):
     from tepo.config import LoraConfig
     from tepo.lora import apply_lora, merged_state_dict
 
-    model = _tiny_llama()
+    model = tiny_llama(tie=True)
     if lora:
         model = apply_lora(model, LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj"]))
         with torch.no_grad():  # B != 0: the merged weights differ from the base ones
@@ -124,7 +109,7 @@ def test_engine_weights_are_the_sent_weights_rounded_and_are_put_back(lora):
     ids = torch.tensor([[3, 5, 7, 9, 11]])
 
     # The reference: a plain model loaded with the sent (merged, bf16-rounded) weights.
-    plain = _tiny_llama()
+    plain = tiny_llama(tie=True)
     plain.load_state_dict(sent, strict=False)
     plain.tie_weights()
     expected = plain(input_ids=ids).logits
