@@ -28,6 +28,7 @@ import torch
 
 import tepo.rollout.parity as parity
 from tepo.config import RolloutConfig, load_config
+from tepo.metrics.tables import format_table
 from tepo.rollout.vllm import VLLMRollout
 from tepo.training import train
 
@@ -112,13 +113,7 @@ def summarize(name: str, rows: list[dict], min_shift: float, min_share: float, m
 
 
 def table(summaries: list[dict]) -> str:
-    def fmt(v):
-        return "-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
-
-    keys = list(summaries[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "|".join("---" for _ in keys) + "|"]
-    lines += ["| " + " | ".join(fmt(s[k]) for k in keys) + " |" for s in summaries]
-    return "\n".join(lines)
+    return format_table(list(summaries[0]), [list(s.values()) for s in summaries])
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import tiny_llama
-from tepo.rollout.parity import ParityError, ParityGuard, Probe, engine_weights, update_share
+from tepo.rollout.parity import ParityError, ParityGuard, engine_weights, update_share
 
 
 def test_update_share_closed_form():
@@ -34,7 +34,7 @@ class _ScriptedGuard(ParityGuard):
     def __init__(self, readings, **kw):
         super().__init__(0.5, **kw)
         self.readings = iter(readings)
-        self.probe = Probe([[1, 2, 3]], [1])
+        self.probe = object()  # any probe: both scorers are scripted below
 
     def check(self, rollout=None):
         import tepo.rollout.parity as parity
@@ -44,7 +44,7 @@ class _ScriptedGuard(ParityGuard):
         parity.engine_probe_logprobs = lambda *_: torch.tensor(engine, dtype=torch.float64)
         parity.trainer_probe_logprobs = lambda *_: torch.tensor(trainer, dtype=torch.float64)
         try:
-            return super().check(type("R", (), {"model": None, "tokenizer": None, "pad_token_id": 0})())
+            return super().check(type("R", (), {"model": None, "tokenizer": None})())
         finally:
             parity.engine_probe_logprobs, parity.trainer_probe_logprobs = real
 

@@ -104,8 +104,9 @@ class RolloutConfig:
     # wrong engines (a broken export, a different model).
     parity_max_gap: float = 0.5
     # A correct engine's share strayed from 1 by up to ~0.025 / shift on the embedded model (LoRA and full
-    # fine-tuning, benchmarks/calibrate_parity.py, docs/performance.md "Parity guard"): at 0.08 that is >= 0.68. Independently of it, an engine whose scores did not change at all while the sent
-    # weights did is stopped at once (the frozen-engine test).
+    # fine-tuning, benchmarks/calibrate_parity.py, docs/performance.md "Parity guard"): at 0.08 that is >= 0.68.
+    # Independently of it, an engine whose scores did not change at all while the sent weights did is stopped at
+    # once (the frozen-engine test).
     parity_min_shift: float = 0.08
     parity_min_share: float = 0.5
 

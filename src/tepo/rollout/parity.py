@@ -107,26 +107,21 @@ def engine_weights(model, dtype: torch.dtype):
             params[name].data = tensor
 
 
-@dataclass
 class Probe:
-    """The fixed probe: full token sequences (prompt + sampled response) and where each response starts."""
+    """The fixed probe: the engine's sampled batch (laid out for :func:`tepo.logprobs.response_logprobs`), and the
+    same rows as full token lists (prompt + response) with where each response starts, for the engine's scorer.
+    Rows with an empty response are left out of the lists; they have no token to score on either side."""
 
-    sequences: list[list[int]]
-    starts: list[int]
-
-    def as_batch(self, pad_token_id: int):
-        """Left-padded prompts, right-padded responses: the layout :func:`tepo.logprobs.response_logprobs` takes."""
-        prompts = [s[:k] for s, k in zip(self.sequences, self.starts)]
-        responses = [s[k:] for s, k in zip(self.sequences, self.starts)]
-        p, t = max(map(len, prompts)), max(map(len, responses))
-        ids = torch.full((len(prompts), p + t), pad_token_id, dtype=torch.long)
-        attention = torch.zeros_like(ids)
-        for i, (prompt, response) in enumerate(zip(prompts, responses)):
-            ids[i, p - len(prompt) : p] = torch.tensor(prompt)
-            attention[i, p - len(prompt) : p] = 1
-            ids[i, p : p + len(response)] = torch.tensor(response)
-            attention[i, p : p + len(response)] = 1
-        return ids, attention, t
+    def __init__(self, batch):
+        self.batch = batch
+        prompt_width = batch.input_ids.shape[1] - batch.response_len
+        self.sequences, self.starts = [], []
+        for i in range(batch.input_ids.shape[0]):
+            kept = batch.input_ids[i][batch.attention_mask[i].bool()].tolist()
+            start = int(batch.attention_mask[i, :prompt_width].sum())
+            if len(kept) > start:
+                self.sequences.append(kept)
+                self.starts.append(start)
 
 
 def sample_probe(rollout, tokenizer) -> Probe:
@@ -135,34 +130,32 @@ def sample_probe(rollout, tokenizer) -> Probe:
     batch = rollout.generate(
         prompts, num_samples=1, max_new_tokens=PROBE_TOKENS, temperature=1.0, top_p=1.0, seed=PROBE_SEED
     )
-    mask = batch.response_mask.bool()
-    sequences, starts = [], []
-    for i, prompt in enumerate(prompts):
-        response = batch.input_ids[i, -batch.response_len :][mask[i]].tolist()
-        if response:
-            sequences.append(list(prompt) + response)
-            starts.append(len(prompt))
-    if not sequences:
+    probe = Probe(batch)
+    if not probe.sequences:
         raise ParityError("the parity probe is empty: the engine answered every probe prompt with no token")
-    return Probe(sequences, starts)
+    return probe
 
 
-def trainer_probe_logprobs(model, probe: Probe, pad_token_id: int, dtype: torch.dtype) -> torch.Tensor:
+def trainer_probe_logprobs(model, probe: Probe, dtype: torch.dtype) -> torch.Tensor:
     """The probe's response log-probs, flat, in float32 at the weights an engine of ``dtype`` was sent."""
     from tepo.logprobs import response_logprobs
 
-    ids, attention, t = probe.as_batch(pad_token_id)
+    batch = probe.batch
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()  # no dropout (LoRA's): the policy the engine was given
     try:
         with torch.no_grad(), engine_weights(model, dtype):
             logp, _ = response_logprobs(
-                model, ids.to(device), attention.to(device), response_len=t, compute_entropy=False
+                model,
+                batch.input_ids.to(device),
+                batch.attention_mask.to(device),
+                response_len=batch.response_len,
+                compute_entropy=False,
             )
     finally:
         model.train(was_training)
-    return logp.float().cpu()[attention[:, -t:].bool()].double()
+    return logp.float().cpu()[batch.response_mask.bool()].double()
 
 
 def engine_probe_logprobs(rollout, probe: Probe) -> torch.Tensor:
@@ -237,7 +230,7 @@ class ParityGuard:
         if self.probe is None:
             self.probe = sample_probe(rollout, rollout.tokenizer)
         engine = engine_probe_logprobs(rollout, self.probe)
-        trainer = trainer_probe_logprobs(rollout.model, self.probe, rollout.pad_token_id, self.engine_dtype)
+        trainer = trainer_probe_logprobs(rollout.model, self.probe, self.engine_dtype)
         if engine.shape != trainer.shape:
             raise ParityError(
                 f"the engine scored {engine.numel()} probe tokens and the trainer {trainer.numel()}: they did not "
