@@ -160,7 +160,8 @@ def trainer_probe_logprobs(model, probe: Probe, dtype: torch.dtype) -> torch.Ten
 
 def engine_probe_logprobs(rollout, probe: Probe) -> torch.Tensor:
     rows = rollout.score_tokens(probe.sequences, probe.starts)
-    return torch.tensor([v for row in rows for v in row], dtype=torch.float64)
+    # On the host, as the trainer's side (trainer_probe_logprobs): the comparison is a few hundred numbers.
+    return torch.tensor([v for row in rows for v in row], dtype=torch.float64, device="cpu")
 
 
 def update_share(
