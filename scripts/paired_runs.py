@@ -7,8 +7,9 @@ At one seed, two methods sample the same first rollout. While the runs' weights 
 so a step's logged rollout statistics (tokens generated, mean length, mean reward, unanswered count) match. The
 first step where they differ is where the trajectories part. Up to there, if method B's loss is method A's times
 a per-batch constant, the ratio of their pre-clip gradient norms must equal that constant at every step with a
-non-zero gradient. `--scale METRIC` names the metric of A's row that is the constant: `response_length_mean`
-for LUSPO (seq-mean-token-sum) against TEPO (token-mean), whose ratio is T_tot / N_seq. Finished runs only.
+non-zero gradient. `--scale` is that constant: a number (`1` where the two gradients should be equal: SAPO
+against GRPO at ratio 1) or the metric of A's row that holds it (`response_length_mean` for LUSPO,
+seq-mean-token-sum, against TEPO, token-mean, whose ratio is T_tot / N_seq). Finished runs only.
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ def step_rows(run_dir: Path) -> dict[int, dict]:
     return rows
 
 
+def scale_value(row: dict, scale: str) -> float:
+    """``scale`` is a number (``1``: the same gradient) or the name of a metric of the step's row."""
+    try:
+        return float(scale)
+    except ValueError:
+        return float(row[scale])
+
+
 def compare_seed(run_a: Path, run_b: Path, scale: str | None) -> dict:
     rows_a, rows_b = step_rows(run_a), step_rows(run_b)
     shared = sorted(set(rows_a) & set(rows_b))
@@ -43,7 +52,7 @@ def compare_seed(run_a: Path, run_b: Path, scale: str | None) -> dict:
     for step in same_steps:
         norm_a, norm_b = rows_a[step].get("grad_norm") or 0.0, rows_b[step].get("grad_norm") or 0.0
         if norm_a > 0 and norm_b > 0 and scale:
-            deviations.append(abs(norm_b / norm_a / float(rows_a[step][scale]) - 1.0))
+            deviations.append(abs(norm_b / norm_a / scale_value(rows_a[step], scale) - 1.0))
     final = [json.loads((r / "summary.json").read_text())["after"]["eval_greedy_accuracy"] for r in (run_a, run_b)]
     return {
         "same_until": same_steps[-1] if same_steps else 0,
@@ -60,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", type=Path)
     parser.add_argument("method_a")
     parser.add_argument("method_b")
-    parser.add_argument("--scale", help="metric of A's step row that B's gradient norm should be A's times")
+    parser.add_argument("--scale", help="a number, or the metric of A's step row, that B's gradient norm should be A's times")
     args = parser.parse_args(argv)
     seeds = sorted(
         p.parent.name

@@ -49,5 +49,10 @@ def test_never_parted_and_no_shared_seed(tmp_path, capsys):
     _run(tmp_path, "b", rows, held_out=0.5)
     assert _script().main([str(tmp_path), "a", "b"]) == 0
     assert capsys.readouterr().out.splitlines()[2] == "| 0 | 1 | never | 0 | - | 0.500 | 0.500 | +0.000 |"
+    # equal norms at --scale 1: deviation 0; at --scale 2: |1/2 - 1| = 0.5
+    assert _script().main([str(tmp_path), "a", "b", "--scale", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "| 0 | 1 | never | 1 | 0.0000 | 0.500 | 0.500 | +0.000 |"
+    assert _script().main([str(tmp_path), "a", "b", "--scale", "2"]) == 0
+    assert capsys.readouterr().out.splitlines()[2] == "| 0 | 1 | never | 1 | 0.5000 | 0.500 | 0.500 | +0.000 |"
     assert _script().main([str(tmp_path), "a", "missing"]) == 2
     assert "no seed finished by both" in capsys.readouterr().err
