@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for seed in seeds:
         r = compare_seed(args.directory / a / seed, args.directory / b / seed, args.scale)
-        dev = "-" if r["max_scale_deviation"] is None else f"{r['max_scale_deviation']:.4f}"
+        dev = "-" if r["max_scale_deviation"] is None else f"{r['max_scale_deviation']:.2g}"  # 0: bit-equal norms
         print(f"| {seed.removeprefix('seed')} | {r['same_until']} | {r['parted_at'] or 'never'} "
               f"| {r['gradient_steps']} | {dev} | {r['held_out_a']:.3f} | {r['held_out_b']:.3f} "
               f"| {r['held_out_b'] - r['held_out_a']:+.3f} |")

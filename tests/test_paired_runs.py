@@ -40,7 +40,7 @@ def test_parting_step_and_scale_deviation(tmp_path, capsys):
     ], held_out=0.25)
     assert _script().main([str(tmp_path), "tepo", "luspo", "--scale", "response_length_mean"]) == 0
     row = capsys.readouterr().out.splitlines()[2]
-    assert row == "| 0 | 2 | 3 | 1 | 0.0100 | 0.500 | 0.250 | -0.250 |"
+    assert row == "| 0 | 2 | 3 | 1 | 0.01 | 0.500 | 0.250 | -0.250 |"
 
 
 def test_never_parted_and_no_shared_seed(tmp_path, capsys):
@@ -51,8 +51,8 @@ def test_never_parted_and_no_shared_seed(tmp_path, capsys):
     assert capsys.readouterr().out.splitlines()[2] == "| 0 | 1 | never | 0 | - | 0.500 | 0.500 | +0.000 |"
     # equal norms at --scale 1: deviation 0; at --scale 2: |1/2 - 1| = 0.5
     assert _script().main([str(tmp_path), "a", "b", "--scale", "1"]) == 0
-    assert capsys.readouterr().out.splitlines()[2] == "| 0 | 1 | never | 1 | 0.0000 | 0.500 | 0.500 | +0.000 |"
+    assert capsys.readouterr().out.splitlines()[2] == "| 0 | 1 | never | 1 | 0 | 0.500 | 0.500 | +0.000 |"
     assert _script().main([str(tmp_path), "a", "b", "--scale", "2"]) == 0
-    assert capsys.readouterr().out.splitlines()[2] == "| 0 | 1 | never | 1 | 0.5000 | 0.500 | 0.500 | +0.000 |"
+    assert capsys.readouterr().out.splitlines()[2] == "| 0 | 1 | never | 1 | 0.5 | 0.500 | 0.500 | +0.000 |"
     assert _script().main([str(tmp_path), "a", "missing"]) == 2
     assert "no seed finished by both" in capsys.readouterr().err
