@@ -173,6 +173,9 @@ def test_config_accepts_each_estimator(name):
         (["algorithm.advantage=maxrl", "algorithm.advantage_options.eps=-1"], "maxrl option eps must be"),
         (["algorithm.advantage=opo", "algorithm.advantage_options.eps=0.1"], "for advantage estimator 'opo'"),
         (["algorithm.advantage=grpo_batch_std", "rollout.group_size=1"], "group_size is 1"),
+        # DAPO's overlong penalty makes a long wrong answer score < 0, which maxrl refuses: caught at load,
+        # not at whichever step first produces such an answer.
+        (["algorithm.advantage=maxrl", "reward.overlong_buffer=16"], "reward.overlong_buffer=16 subtracts"),
     ],
 )
 def test_config_refuses_bad_settings_in_one_line(overrides, needle):
@@ -181,3 +184,13 @@ def test_config_refuses_bad_settings_in_one_line(overrides, needle):
     lines = str(caught.value).splitlines()
     assert len(lines) == 2, lines
     assert needle in lines[1]
+
+
+def test_maxrl_with_shaping_that_cannot_go_negative_is_accepted():
+    # The penalty switched off either way leaves every reward in [0, 1]: nothing to refuse.
+    for off in ("reward.overlong_penalty_factor=0", "reward.overlong_buffer=0"):
+        config = load_config(None, ["algorithm.advantage=maxrl", "reward.overlong_buffer=16", off])
+        assert config.algorithm.advantage == "maxrl"
+    # dapo's preset turns the penalty on: maxrl on top of it is refused with the fix in the message.
+    with pytest.raises(ConfigError, match="Set reward.overlong_buffer=0"):
+        load_config("dapo", ["algorithm.advantage=maxrl"])

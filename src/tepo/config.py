@@ -583,6 +583,16 @@ def _advantage_errors(c: RunConfig) -> list[str]:
             f"rollout.group_size is 1 but algorithm.advantage={name!r} compares responses "
             "within a group: every advantage would be 0. Use group_size >= 2."
         )
+    shaping = c.reward.overlong_buffer > 0 and c.reward.overlong_penalty_factor > 0
+    if ADVANTAGE_ESTIMATORS[name].nonnegative_rewards and shaping:
+        # Caught here, not at the first step whose penalty happens to push a reward below 0 (maybe step 20).
+        errors.append(
+            f"algorithm.advantage={name!r} refuses negative rewards (it divides by the group's mean reward, "
+            f"read as a success rate), but reward.overlong_buffer={c.reward.overlong_buffer} subtracts up to "
+            f"reward.overlong_penalty_factor={c.reward.overlong_penalty_factor:g} from long responses, so a "
+            "wrong long answer scores below 0. Set reward.overlong_buffer=0 (or overlong_penalty_factor=0), "
+            "or use another estimator."
+        )
     inputs = sorted(set(options) & set(TENSOR_INPUTS))
     if inputs:
         errors.append(

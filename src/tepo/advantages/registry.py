@@ -52,6 +52,7 @@ class AdvantageEstimator:
     accepts_any_option: bool = False
     requires: Requires = frozenset()
     group_relative: bool = False
+    nonnegative_rewards: bool = False  # refuses rewards < 0; config validation refuses negative shaping
     inputs: frozenset[str] = frozenset()  # the TENSOR_INPUTS fn can take as keywords
 
     @property
@@ -107,6 +108,7 @@ def register_advantage_estimator(
     requires: Requires = (),
     group_relative: bool = False,
     token_level: bool = False,
+    nonnegative_rewards: bool = False,
     paper: str = "",
 ) -> Callable[[Callable[..., Tensor]], Callable[..., Tensor]]:
     """Decorator adding ``fn(rewards, group_size, *, <input>=None, option=default, ...) -> Tensor`` as ``name``.
@@ -114,6 +116,8 @@ def register_advantage_estimator(
     ``requires``: the `TENSOR_INPUTS` the estimator reads, or ``options -> names`` when that depends on the
     options; `compute_advantages` hands ``fn`` exactly those (and raises when one is missing). ``group_relative``:
     the advantage compares responses within a group (``group_size = 1`` is then refused by config validation).
+    ``nonnegative_rewards``: the estimator refuses rewards < 0 (it divides by a mean reward read as a success
+    rate); config validation then refuses reward shaping that can make a reward negative, before step 1.
     ``token_level`` estimators return ``[N, T]``, others ``[N]``. Options are ``fn``'s keyword-only parameters
     other than inputs; `compute_advantages` rejects any other keyword unless ``fn`` takes ``**kwargs``.
     Registering a name twice raises ValueError (remove the old entry from ``ADVANTAGE_ESTIMATORS`` first to
@@ -153,6 +157,7 @@ def register_advantage_estimator(
             accepts_any_option=any(p.kind == p.VAR_KEYWORD for p in params),
             requires=requires,
             group_relative=bool(group_relative),
+            nonnegative_rewards=bool(nonnegative_rewards),
             inputs=frozenset(k for k in keywords if k in TENSOR_INPUTS),
         )
         entry.requires_for({})  # a declaration that cannot be met with the defaults fails now, not at step 1
