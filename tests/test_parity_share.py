@@ -120,3 +120,39 @@ def test_engine_weights_are_the_sent_weights_rounded_and_are_put_back(lora):
     for name, p in model.named_parameters():
         storage, values, version = originals[name]
         assert p.data_ptr() == storage and torch.equal(p.data, values) and p._version == version, name
+
+
+def test_guard_state_survives_a_checkpoint_and_catches_a_frozen_engine_at_the_first_check_after(tmp_path):
+    """A resumed run's guard keeps the probe and the last scores: its first check is a full one, not gap-only."""
+    from tepo.rollout.base import RolloutBatch
+    from tepo.rollout.parity import Probe
+
+    start = ([-1.0, -2.0], [-1.0, -2.0])
+    guard = _ScriptedGuard([start])
+    guard.probe = Probe(
+        RolloutBatch(
+            input_ids=torch.tensor([[0, 5, 6, 7], [4, 5, 6, 0]]),
+            attention_mask=torch.tensor([[0, 1, 1, 1], [1, 1, 1, 0]]),
+            response_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
+            response_len=2,
+            prompt_index=torch.tensor([0, 1]),
+            texts=["a", "b"],
+            truncated=torch.tensor([False, False]),
+            gen_seconds=1.0,
+            num_generated_tokens=3,
+        )
+    )
+    guard.check()
+    torch.save(guard.state_dict(), tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)  # as tepo.checkpoint loads it
+
+    # The sent weights moved, the engine's scores did not: stale, caught at the first check after resuming.
+    resumed = _ScriptedGuard([([-1.0, -2.0], [-1.1, -1.9])])
+    resumed.load_state_dict(state)
+    assert resumed.checks == 1 and resumed.probe.sequences == guard.probe.sequences
+    assert resumed.probe.starts == [1, 2] and resumed.probe.sequences == [[5, 6, 7], [4, 5, 6]]
+    with pytest.raises(ParityError, match="bit-identical"):
+        resumed.check()
+    # Without the state (a checkpoint from before 2026-12-04) the same reading passes: gap-only.
+    fresh = _ScriptedGuard([([-1.0, -2.0], [-1.1, -1.9])])
+    assert fresh.check().frozen is False

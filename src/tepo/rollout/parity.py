@@ -227,6 +227,51 @@ class ParityGuard:
     def last_gap(self) -> float | None:
         return None if self.last is None else self.last.gap
 
+    # ---- checkpointed with the run, so that a resumed run's first check still compares against the last one --
+
+    def state_dict(self) -> dict:
+        """The probe's tokens, the last check's two score vectors and the counters: a few thousand numbers.
+
+        Without them a resumed run would draw a new probe from its current weights, and its first check could
+        test only the gross gap: a sync that fails right after a resume would go unseen for one more update."""
+        batch = None if self.probe is None else self.probe.batch
+        return {
+            "probe": None
+            if batch is None
+            else {
+                "input_ids": batch.input_ids,
+                "attention_mask": batch.attention_mask,
+                "response_mask": batch.response_mask,
+                "response_len": int(batch.response_len),
+                "prompt_index": batch.prompt_index,
+                "truncated": batch.truncated,
+            },
+            "previous": None if self._previous is None else list(self._previous),
+            "checks": self.checks,
+            "undecided": self.undecided,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        from tepo.rollout.base import RolloutBatch
+
+        probe = state["probe"]
+        if probe is None:
+            self.probe = None
+        else:
+            n = probe["input_ids"].shape[0]
+            self.probe = Probe(
+                RolloutBatch(
+                    **probe,
+                    texts=[""] * n,  # the scorers read tokens only
+                    gen_seconds=0.0,
+                    num_generated_tokens=int(probe["response_mask"].sum()),
+                )
+            )
+        previous = state["previous"]
+        self._previous = None if previous is None else (previous[0], previous[1])
+        self.checks = int(state["checks"])
+        self.undecided = int(state["undecided"])
+
     def check(self, rollout) -> ParityReading:
         if self.probe is None:
             self.probe = sample_probe(rollout, rollout.tokenizer)

@@ -243,7 +243,11 @@ class Trainer:
             ),
             "bad_steps_in_row": self.bad_steps_in_row,
             "reward_totals": self.reward_totals(),
+            **({"parity_guard": guard.state_dict()} if (guard := self._parity_guard()) is not None else {}),
         }
+
+    def _parity_guard(self):
+        return getattr(self.rollout, "parity_guard", None)
 
     def reward_totals(self) -> dict:
         """Timeouts and parse failures of the whole run: earlier processes' plus this process's pool."""
@@ -289,6 +293,11 @@ class Trainer:
         self.stream.load_state_dict(state["stream"])
         self.bad_steps_in_row = int(state["bad_steps_in_row"])
         self.reward_base = {k: int(v) for k, v in state.get("reward_totals", self.reward_base).items()}
+        # The parity guard's probe and last scores (checkpoints older than 2026-12-04 have none: the first check
+        # after resuming then tests the gross gap only, and draws the probe anew).
+        if (guard := self._parity_guard()) is not None and state.get("parity_guard") is not None:
+            guard.load_state_dict(state["parity_guard"])
+            self.parity_checks_logged = guard.checks  # those are in the kept metrics rows already
         self.step = int(state["step"])
         moved = truncate_metrics(self.run_dir, self.step)
         note = f" ({moved} metrics rows of later steps moved to metrics.rolledback.jsonl)" if moved else ""
