@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_llama(seed: int = 0, *, tie: bool = False, vocab_size: int = 97):
@@ -74,3 +79,11 @@ def one_window_grpo_config(tmp_path, completion_tokens: int, **settings):
     )
     base.update(settings)
     return GRPOConfig(**base)
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` as a module: the scripts are not a package, their tests call ``main(argv)``."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -192,5 +192,5 @@ def test_maxrl_with_shaping_that_cannot_go_negative_is_accepted():
         config = load_config(None, ["algorithm.advantage=maxrl", "reward.overlong_buffer=16", off])
         assert config.algorithm.advantage == "maxrl"
     # dapo's preset turns the penalty on: maxrl on top of it is refused with the fix in the message.
-    with pytest.raises(ConfigError, match="Set reward.overlong_buffer=0"):
+    with pytest.raises(ConfigError, match=r"Set reward\.overlong_buffer=0"):
         load_config("dapo", ["algorithm.advantage=maxrl"])

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "compare" / "tiny"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("curve_summary", ROOT / "scripts" / "curve_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("curve_summary")
 
 
 def test_means_over_steps_then_seeds(capsys):

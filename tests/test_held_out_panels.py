@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from helpers import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "compare" / "tiny"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("held_out_panels", ROOT / "scripts" / "held_out_panels.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("held_out_panels")
 
 
 def test_writes_one_png_with_a_panel_per_group(tmp_path):

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import load_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("paired_runs", ROOT / "scripts" / "paired_runs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("paired_runs")
 
 
 def _run(directory: Path, method: str, rows: list[dict], held_out: float) -> None:
