@@ -126,3 +126,43 @@ def test_one_skipped_sync_stops_the_run_at_the_first_check_after_it(tmp_path, lo
     assert len(reloads) == 2 and guard.checks == 2  # stopped at the check of the skipped sync, not later
     assert guard.last.frozen and guard.last.share == 0.0  # the engine's log-probs did not move at all
     assert guard.last.gap < config.rollout.parity_max_gap  # what the gap-only guard could not see
+
+
+@pytest.mark.slow  # two real-engine runs with checkpoints: about 140 s on 2 CPU cores
+def test_a_resumed_run_keeps_the_guard_state_so_its_first_check_is_a_full_one(tmp_path):
+    """Killed after step 2 and resumed: the checkpoint carries the guard's probe and last scores, so the first
+    check after resuming (the sync before step 3, into a new engine) compares with step 2's check, as in an
+    uninterrupted run; a checkpoint without them would leave that check gap-only (no parity_shift)."""
+    python = vllm_python_or_skip()
+    from tepo.config import load_config
+    from tepo.training import Trainer
+
+    def config(steps: int):
+        return load_config(
+            "default",
+            [
+                *small_vllm_run_overrides(tmp_path, python),
+                "optim.lr=2e-4",
+                f"train.steps={steps}",
+                "train.save_every=1",
+                "train.keep_last=1",
+                "eval.size=0",
+            ],
+        )
+
+    first = Trainer(config(2), tmp_path / "run", log=lambda *_: None)
+    assert first.run().steps_done == 2
+    saved = first.rollout.parity_guard
+    assert saved.checks == 1  # synced and checked before step 2
+    probe_tokens = saved.probe.sequences
+
+    resumed = Trainer(config(3), tmp_path / "run", log=lambda *_: None)
+    assert resumed.run().steps_done == 3
+    guard = resumed.rollout.parity_guard
+    assert guard.checks == 2 and guard.probe.sequences == probe_tokens  # the same probe, one check more
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    third = rows[2]
+    # A full check: the trainer's scores moved since step 2's check and the engine's moved with them.
+    assert third["parity_shift"] > 0 and third["parity_frozen"] == 0
+    assert not third["parity_decided"] or third["parity_share"] >= 0.5
