@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from tepo.compare.table import held_out_curve
-from tepo.report.plots import seed_band
+from tepo.report.plots import _draw_band
 
 KEY = "eval_greedy_accuracy"
 
@@ -59,16 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         for method in curves:
             colours.setdefault(method, f"C{len(colours) % 10}")
     for index, (ax, curves) in enumerate(zip(axes.flat, panels)):
-        for method, runs in curves.items():
-            steps, mean, low, high, _ = seed_band(runs, KEY)
-            ax.plot(steps, mean, color=colours[method], linewidth=1.6, marker="o", markersize=2.5,
-                    label=f"{method} ({len(runs)} seed{'s' if len(runs) != 1 else ''})")
-            if len(runs) > 1:
-                ax.fill_between(steps, low, high, color=colours[method], alpha=0.15, linewidth=0)
-        ax.set_title(args.titles[index] if args.titles else ", ".join(curves), fontsize=10)
-        ax.set_xlabel("step", fontsize=8)
-        ax.tick_params(labelsize=8)
-        ax.grid(alpha=0.3)
+        title = args.titles[index] if args.titles else ", ".join(curves)
+        _draw_band(ax, curves, KEY, title, colours)  # the report's band, with the shared colours
         ax.legend(fontsize=7, loc="lower right")
     axes.flat[0].set_ylabel("held-out accuracy (greedy)", fontsize=8)
     args.out.parent.mkdir(parents=True, exist_ok=True)

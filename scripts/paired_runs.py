@@ -19,18 +19,15 @@ import json
 import sys
 from pathlib import Path
 
+from tepo.metrics.log import read_metrics
+
 # Logged per step by every run: equal values at one step mean the two engines sampled alike.
 ROLLOUT_FINGERPRINT = ("gen_tokens", "response_length_mean", "reward_mean", "no_answer")
 
 
 def step_rows(run_dir: Path) -> dict[int, dict]:
-    rows = {}
-    for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            if "reward_mean" in row:  # training steps; evaluation rows carry no reward_mean
-                rows[int(row["step"])] = row
-    return rows
+    # Training steps only: evaluation rows carry no reward_mean.
+    return {int(row["step"]): row for row in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in row}
 
 
 def scale_value(row: dict, scale: str) -> float:

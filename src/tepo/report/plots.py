@@ -146,13 +146,17 @@ def seed_band(
     )
 
 
-def _draw_band(ax, runs_by_method: dict[str, list[list[dict]]], key: str, label: str) -> bool:
+def _draw_band(
+    ax, runs_by_method: dict[str, list[list[dict]]], key: str, label: str, colours: dict[str, str] | None = None
+) -> bool:
+    """Each method's seed mean and min-max band. ``colours``: method -> colour, so that figures with several
+    panels keep one colour per method (default: matplotlib's cycle in the order given)."""
     drawn = False
     for index, (method, runs) in enumerate(runs_by_method.items()):
         steps, mean, low, high, _ = seed_band(runs, key)
         if not steps:
             continue
-        colour = f"C{index % 10}"
+        colour = colours[method] if colours else f"C{index % 10}"
         ax.plot(
             steps,
             mean,
