@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["avg_at_k", "mean_pass_at_k", "pass_at_k", "pass_at_k_per_problem"]
+__all__ = ["avg_at_k", "cons_at_k", "mean_cons_at_k", "mean_pass_at_k", "pass_at_k", "pass_at_k_per_problem"]
 
 
 def _as_count(value: object, label: str, where: str = "") -> int:
@@ -126,3 +126,76 @@ def avg_at_k(num_samples: int | Sequence[int] | np.ndarray, num_correct: Sequenc
     for idx, (n, c) in enumerate(pairs):
         _check(n, c, 1, f" (problem index {idx})", metric="avg@k")
     return float(np.mean([c / n for n, c in pairs]))
+
+
+def cons_at_k(votes: Sequence[object], correct: Sequence[bool], k: int) -> float:
+    r"""cons@k (majority vote) of one problem, averaged exactly over all ``C(n, k)`` subsets of its ``n`` samples.
+
+    ``votes[i]`` is the answer class of sample ``i`` (any hashable; samples whose answers are equivalent share a
+    class; ``None``: no answer, it does not vote), ``correct[i]`` its verdict. Every sample of a class must have
+    the same verdict (the correct answers form one class). For a subset ``S`` of ``k`` samples, the majority
+    answer is the class with the most votes in ``S``; the subset scores
+
+    .. math:: s(S) = \begin{cases} 1/t & \text{the correct class is among the } t \text{ classes tied for most
+              votes in } S \\ 0 & \text{otherwise, or when no sample of } S \text{ has an answer} \end{cases}
+
+    Tie rule: a tie between ``t`` classes is broken uniformly at random, so it scores its expected value ``1/t``.
+    cons@k is :math:`\binom{n}{k}^{-1} \sum_{|S| = k} s(S)` (NeMo-RL's ``cons@k`` averages over all
+    ``k``-subsets; verl's ``maj@N`` bootstraps the same quantity). Computed in exact integer arithmetic, without
+    enumerating the subsets: with ``x`` votes for the correct class, count the ways the other classes take at most
+    ``x`` votes each (``j`` of them exactly ``x``) and the rest go to samples without an answer. Example: votes
+    (a, a, b, c), a correct, k = 2: of the 6 pairs, (a, a) scores 1, the four (a, b|c) pairs score 1/2 each,
+    (b, c) 0: cons@2 = 3/6 = 0.5. cons@1 equals avg@n (the accuracy of one sample).
+    """
+    from fractions import Fraction
+    from math import comb
+
+    votes, correct = list(votes), [bool(c) for c in correct]
+    k = _as_count(k, "k")
+    n = len(votes)
+    if len(correct) != n:
+        raise ValueError(f"cons@k: got {n} votes but {len(correct)} verdicts; give one per sample")
+    if n == 0:
+        raise ValueError("cons@k needs n >= 1 samples, got none")
+    if not 1 <= k <= n:
+        raise ValueError(f"cons@k needs 1 <= k <= n (at least k samples per problem): got k={k}, n={n}")
+    sizes: dict[object, int] = {}
+    verdict: dict[object, bool] = {}
+    for vote, ok in zip(votes, correct):
+        if vote is None:
+            if ok:
+                raise ValueError("cons@k: a sample without an answer (vote None) cannot be correct")
+            continue
+        if verdict.setdefault(vote, ok) != ok:
+            raise ValueError(f"cons@k: answer class {vote!r} holds both correct and wrong samples")
+        sizes[vote] = sizes.get(vote, 0) + 1
+    unanswered = n - sum(sizes.values())
+    right = [c for c, ok in verdict.items() if ok]
+    if not right:
+        return 0.0
+    n_c = sizes[right[0]]
+    others = [size for c, size in sizes.items() if c != right[0]]
+    total = Fraction(0)
+    for x in range(1, min(k, n_c) + 1):
+        # ways[(picked, tied)]: subsets of the other classes with `picked` samples, each class at most x votes,
+        # `tied` of them exactly x.
+        ways: dict[tuple[int, int], int] = {(0, 0): 1}
+        for size in others:
+            step: dict[tuple[int, int], int] = {}
+            for (picked, tied), count in ways.items():
+                for y in range(0, min(x, size, k - x - picked) + 1):
+                    key = (picked + y, tied + (y == x))
+                    step[key] = step.get(key, 0) + count * comb(size, y)
+            ways = step
+        for (picked, tied), count in ways.items():
+            rest = k - x - picked
+            if 0 <= rest <= unanswered:
+                total += Fraction(comb(n_c, x) * count * comb(unanswered, rest), tied + 1)
+    return float(total / comb(n, k))
+
+
+def mean_cons_at_k(problems: Sequence[tuple[Sequence[object], Sequence[bool]]], k: int) -> float:
+    """cons@k of a benchmark: the mean over problems of :func:`cons_at_k` (``problems``: ``(votes, correct)``)."""
+    if not problems:
+        raise ValueError("cons@k of an empty benchmark is undefined: no problems given")
+    return float(np.mean([cons_at_k(votes, correct, k) for votes, correct in problems]))

@@ -9,6 +9,8 @@ Columns, from each run directory:
 - ``avg``: per seed, the mean of that seed's benchmark columns (held-out included), then the interval over seeds;
   shown only when there are at least two benchmark columns,
 - ``sampled``: held-out accuracy of one sample at ``eval.temperature``,
+- ``cons@n``: held-out majority vote over the ``eval.samples`` answers of each problem (``eval_sampled_cons``;
+  `tepo.passk.cons_at_k`), a column only when some run logged it (``eval.samples >= 2``),
 - ``reward``: mean batch reward over the last third of the steps,
 - ``steps@R`` / ``wall s@R``: the first step at which the trailing ``window``-step mean of the batch reward reaches
   the threshold ``R``, and the summed ``step_seconds`` up to it; averaged over the seeds that reached it, and the
@@ -269,6 +271,7 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
     values: dict[str, float | None] = {
         "held_out": _number(after.get("eval_greedy_accuracy")),
         "sampled": _number(after.get("eval_sampled_accuracy")),
+        "sampled_cons": _number(after.get("eval_sampled_cons")),
         "reward": _number(summary.get("reward_last_third")),
     }
     for name, score in benchmark_scores(run_dir).items():
@@ -286,6 +289,7 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
     initial = {
         "held_out": _number(before.get("eval_greedy_accuracy")),
         "sampled": _number(before.get("eval_sampled_accuracy")),
+        "sampled_cons": _number(before.get("eval_sampled_cons")),
     }
     return RunValues(
         after={k: v for k, v in values.items() if v is not None},
@@ -354,8 +358,10 @@ def build_table(
     if len(columns) >= 2:
         columns.append(Column("avg", "avg", True, False))
     r_label = f"{threshold:g}"
+    all_values = [v for seeds in per_method.values() for v in seeds.values()]
     columns += [
         Column("sampled", "sampled"),
+        *([Column("sampled_cons", "cons@n")] if any("sampled_cons" in v for v in all_values) else []),
         Column("reward", "reward (last 1/3)"),
         Column("steps_to_threshold", f"steps@{r_label}", higher_is_better=False),
         Column("seconds_to_threshold", f"wall s@{r_label}", higher_is_better=False),
@@ -409,7 +415,7 @@ def build_table(
                 and math.isclose(mean, best, rel_tol=1e-12, abs_tol=1e-12)
             )
     initial_cells = {}
-    for key in ("held_out", "sampled"):
+    for key in ("held_out", "sampled", "sampled_cons"):
         vals = [v[key] for v in initial.values() if key in v]
         if vals:
             initial_cells[key] = cell(vals, len(initial)) | {"best": False}

@@ -21,6 +21,7 @@ class ProblemResult:
     verdicts: list[RewardResult] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
+    votes: list[int | None] = field(default_factory=list)  # answer classes for cons@k (tepo.evaluate.voting)
 
     @property
     def num_correct(self) -> int:
@@ -81,6 +82,24 @@ def score_problems(
         answers = [p.answer for p in chunk for _ in range(samples)]
         verdicts = pool.score(batch.texts, answers, answer_format=answer_format)
         lengths = batch.response_mask.sum(1).long().tolist()
+        # One sample: it wins its own vote (class 0 when correct; a wrong one is a lone class 1, or None without
+        # an answer).
+        votes = [
+            [
+                0 if v.status == "correct" else (None if v.extracted is None else 1)
+                for v in verdicts[j * samples :][:1]
+            ]
+            for j in range(len(chunk))
+        ]
+        if samples > 1:  # majority-vote classes (cons@k): equivalent answers by math-verify
+            from tepo.evaluate.voting import answer_votes
+
+            rows_of = [range(j * samples, (j + 1) * samples) for j in range(len(chunk))]
+            votes = answer_votes(
+                [[verdicts[r].extracted for r in rows] for rows in rows_of],
+                [[verdicts[r].status == "correct" for r in rows] for rows in rows_of],
+                pool,
+            )
         chunk_results = []
         for j, problem in enumerate(chunk):
             rows = range(j * samples, (j + 1) * samples)
@@ -91,6 +110,7 @@ def score_problems(
                     verdicts=[verdicts[r] for r in rows],
                     lengths=[lengths[r] for r in rows],
                     truncated=[bool(batch.truncated[r]) for r in rows],
+                    votes=list(votes[j]),
                 )
             )
         results.extend(chunk_results)

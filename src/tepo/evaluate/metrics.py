@@ -7,6 +7,10 @@ Everything ``results.json`` reports is computed here from the records alone, so 
 - avg@n (sampled setting): ``(1/P) sum_j c_j / n`` (TEPO 2510.09369 Sec. 4.1, "@32");
 - pass@k for each requested ``k <= n``: ``(1/P) sum_j [1 - C(n - c_j, k) / C(n, k)]`` (Chen et al. 2107.03374
   Eq. 1, :mod:`tepo.passk`), all from the same ``n`` samples;
+- cons@k (majority vote) for each requested ``k <= n`` and ``k = n``: the share of ``k``-subsets of a problem's
+  samples whose most-voted answer is correct, averaged exactly over all ``C(n, k)`` subsets and over problems
+  (:func:`tepo.passk.cons_at_k`; a tie of ``t`` answers scores ``1/t``; answers are the same vote when
+  math-verify judges them equal, :mod:`tepo.evaluate.voting`, stored per response as ``vote``);
 - boxed rate: share of all responses with a final, complete, non-empty ``\\boxed{}`` in the verified tail
   (ERPO 2603.28204 Table 1 "Fmt"), whatever the answer format used for judging;
 - mean response length in tokens (EOS included) and the share of responses truncated at ``max_new_tokens``.
@@ -20,7 +24,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from tepo.passk import avg_at_k, mean_pass_at_k
+from tepo.evaluate.voting import record_votes
+from tepo.passk import avg_at_k, mean_cons_at_k, mean_pass_at_k
 from tepo.rewards import DEFAULT_MAX_CHARS, extract_final_answer
 
 
@@ -50,6 +55,8 @@ def benchmark_metrics(records: Sequence[dict], *, greedy: bool, pass_k: Sequence
     else:
         out[f"avg@{n}"] = headline
         out["pass@k"] = {str(k): mean_pass_at_k(n, correct, k) for k in sorted(set(pass_k)) if k <= n}
+        votes = [record_votes(r) for r in records]
+        out["cons@k"] = {str(k): mean_cons_at_k(votes, k) for k in sorted({*pass_k, n}) if k <= n}
     out["boxed_rate"] = sum(bool(resp["boxed"]) for resp in responses) / len(responses)
     out["mean_response_tokens"] = sum(int(resp["tokens"]) for resp in responses) / len(responses)
     out["truncated_rate"] = sum(bool(resp["truncated"]) for resp in responses) / len(responses)
@@ -63,9 +70,21 @@ def summarize_problem_results(results: Sequence, *, greedy: bool, pass_k: Sequen
     records = [
         {
             "responses": [
-                {"status": v.status, "boxed": has_final_box(text), "tokens": length, "truncated": truncated}
-                for text, v, length, truncated in zip(
-                    r.responses, r.verdicts, r.lengths, r.truncated, strict=True
+                {
+                    "status": v.status,
+                    "extracted": v.extracted,
+                    "boxed": has_final_box(text),
+                    "tokens": length,
+                    "truncated": truncated,
+                    **({"vote": vote} if r.votes else {}),
+                }
+                for text, v, length, truncated, vote in zip(
+                    r.responses,
+                    r.verdicts,
+                    r.lengths,
+                    r.truncated,
+                    r.votes or [None] * len(r.verdicts),
+                    strict=True,
                 )
             ]
         }

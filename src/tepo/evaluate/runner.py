@@ -299,7 +299,8 @@ def evaluate_benchmarks(
 
 
 def results_table(results: dict, names: Sequence[str] | None = None) -> str:
-    """The terminal table: one row per benchmark, the headline accuracy (greedy or avg@n) and pass@k columns."""
+    """The terminal table: one row per benchmark, the headline accuracy (greedy or avg@n), pass@k columns and
+    cons@n (majority vote over all n samples; "-" for greedy settings)."""
     from tepo.metrics.tables import format_table
 
     benches = results["benchmarks"]
@@ -311,6 +312,7 @@ def results_table(results: dict, names: Sequence[str] | None = None) -> str:
         "problems",
         "accuracy",
         *(f"pass@{k}" for k in ks),
+        "cons@n",
         "boxed",
         "mean tokens",
         "truncated",
@@ -332,6 +334,7 @@ def results_table(results: dict, names: Sequence[str] | None = None) -> str:
                 m.get("num_problems"),
                 _pct(m.get("accuracy")),
                 *(_pct(passk.get(str(k))) for k in ks),
+                _pct(m.get("cons@k", {}).get(str(m.get("samples_per_problem")))),
                 _pct(m.get("boxed_rate")),
                 _num(m.get("mean_response_tokens")),
                 _pct(m.get("truncated_rate")),

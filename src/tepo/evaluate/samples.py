@@ -33,9 +33,15 @@ def problem_record(benchmark: str, index: int, result: ProblemResult) -> dict:
             "tokens": int(length),
             "truncated": bool(truncated),
             "detail": verdict.detail,
+            "vote": vote,  # answer class for cons@k (tepo.evaluate.voting): 0 correct, None no answer
         }
-        for text, verdict, length, truncated in zip(
-            result.responses, result.verdicts, result.lengths, result.truncated, strict=True
+        for text, verdict, length, truncated, vote in zip(
+            result.responses,
+            result.verdicts,
+            result.lengths,
+            result.truncated,
+            result.votes or [0 if v.status == "correct" else None for v in result.verdicts],
+            strict=True,
         )
     ]
     return {

@@ -1,4 +1,6 @@
-"""Held-out evaluation during training: greedy accuracy and (``eval.samples`` > 0) sampled accuracy.
+"""Held-out evaluation during training: greedy accuracy and (``eval.samples`` > 0) sampled accuracy, with
+(``eval.samples`` > 1) ``eval_sampled_cons``: cons@n, the majority vote over the ``n = eval.samples`` answers of
+each problem (equivalent answers by math-verify, a tie of ``t`` answers scores ``1/t``; `tepo.passk.cons_at_k`).
 
 On a named benchmark (``eval.source=math500``...) the held-out problems are judged by that benchmark's protocol,
 as ``tepo eval`` judges them (its instruction asking for a boxed answer, ``boxed`` answer extraction), so the
@@ -18,6 +20,7 @@ from tepo.evaluate import accuracy, score_problems
 from tepo.evaluate.benchmarks import benchmark_names
 from tepo.evaluate.core import engine_batch_prompts
 from tepo.evaluate.settings import BENCHMARK_INSTRUCTION, DEFAULT_ANSWER_FORMAT
+from tepo.passk import mean_cons_at_k
 
 
 def held_out_protocol(config: RunConfig) -> dict:
@@ -31,7 +34,8 @@ def held_out_protocol(config: RunConfig) -> dict:
 
 
 def evaluate_held_out(rollout, tokenizer, problems: Sequence[Problem], pool, config: RunConfig) -> dict:
-    """``eval_greedy_accuracy``, ``eval_sampled_accuracy`` and ``eval_seconds`` on ``problems``, with a bar."""
+    """``eval_greedy_accuracy``, ``eval_sampled_accuracy`` (``eval_sampled_cons``) and ``eval_seconds`` on
+    ``problems``, with a bar."""
     from tqdm.auto import tqdm
 
     e, r = config.eval, config.rollout
@@ -71,5 +75,10 @@ def evaluate_held_out(rollout, tokenizer, problems: Sequence[Problem], pool, con
                 on_batch=lambda chunk: bar.update(len(chunk)),
             )
             out[f"eval_{name}_accuracy"] = accuracy(results)
+            if name == "sampled" and e.samples > 1:
+                # cons@n: majority vote over the eval.samples answers (all of them: one subset), tie 1/t.
+                out["eval_sampled_cons"] = mean_cons_at_k(
+                    [(r.votes, [v.status == "correct" for v in r.verdicts]) for r in results], e.samples
+                )
     out["eval_seconds"] = time.perf_counter() - start
     return out
