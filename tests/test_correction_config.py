@@ -42,7 +42,7 @@ def test_defaults():
         (
             ["algorithm.rollout_correction=mis", "algorithm.rollout_correction_options.cap=2"],
             "algorithm.rollout_correction_options.cap: not an option of rollout correction 'mis' "
-            "(its options: c_low, c_high, normalize)",
+            "(its options: c_low, c_high, normalize, verl_threshold)",
         ),
         (
             [

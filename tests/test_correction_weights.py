@@ -76,7 +76,7 @@ def test_seq_tis_truncates_the_product_ratio_of_each_row():
 
 
 def test_seq_mask_drops_rows_by_their_geometric_mean_ratio():
-    weights, keep, metrics = _weights("seq_mask")  # [0.999, 1.001] on exp(mean_t log rho)
+    weights, keep, metrics = _weights("seq_mask")  # [1/1.001, 1/0.999] on exp(mean_t log rho)
     g = [E((L(1.2) - 0.1) / 4), E(L(3.75) / 2), E(0.0005)]
     assert not 0.999 <= g[0] <= 1.001 and not 0.999 <= g[1] <= 1.001 and 0.999 <= g[2] <= 1.001
     assert torch.equal(keep, MASK & torch.tensor([False, False, True, False]).unsqueeze(-1))

@@ -18,14 +18,25 @@ on at all), for these modes:
 ``rollout_rs="token_k1"``)
     ``keep_t = [c_low <= rho_t <= c_high]``, ``w_t = rho_t`` on kept tokens and 0 on dropped ones (the kept
     tokens keep their ratio, as in TRL's token_mask and the MIS estimator of Liu, Li et al.). Defaults [0.5, 2.0]:
-    verl's ``token_k1`` with a single threshold 2.0, whose lower bound is its reciprocal.
+    verl's ``token_k1`` with a single threshold 2.0, whose lower bound is its reciprocal. verl's ``token_k1``
+    bounds ``-log rho``, i.e. ``pi_s / pi_old``: its ``"lower_upper"`` keeps ``1/upper <= rho_t <= 1/lower``;
+    ``verl_threshold`` takes verl's string and applies that mapping (as for ``seq_mask`` below).
 ``seq_tis`` (sequence-level truncated IS; verl ``rollout_is="sequence"``)
     ``w_i = min(prod_t rho_t, C) = exp(min(sum_t log rho_t, log C))`` on every token of row i: the product ratio,
     as verl and TRL's ``sequence_truncate`` (not the geometric mean). Default ``C = 2.0`` (verl).
 ``seq_mask`` (sequence-level geometric-mean rejection; verl ``rollout_rs="seq_mean_k1"``, "Geo-RS")
     ``g_i = exp(mean_t log rho_t)``, the geometric-mean ratio (the same length normalisation as TEPO's sequence
-    ratio); ``keep_i = [c_low <= g_i <= c_high]`` drops the whole row, ``w = 1`` on kept rows (verl's Geo-RS
-    presets apply no IS weight) and 0 on dropped ones. Defaults [0.999, 1.001]: verl's ``decoupled_geo_rs``.
+    ratio, ``log rho_t`` clamped to [-20, 20] first, as verl); ``keep_i = [c_low <= g_i <= c_high]`` drops the
+    whole row, ``w = 1`` on kept rows (verl's Geo-RS presets apply no IS weight) and 0 on dropped ones.
+    **verl's bounds are on the reciprocal.** verl's statistic is the mean of ``k1 = -log rho_t`` =
+    ``log(pi_s / pi_old)``, kept in ``[log lower, log upper]``: its ``rollout_rs_threshold="lower_upper"`` keeps
+    ``1/upper <= g_i <= 1/lower``, so tepo's ``(c_low, c_high)`` = verl's ``(1/upper, 1/lower)``; the same
+    numbers in both keep mirror-image rows (on mean log-ratios -0.0010003, -0.0009998, +0.0009998, +0.0010003,
+    tepo's [0.999, 1.001] keeps the first two and verl's ``"0.999_1.001"`` the last two).
+    ``verl_threshold="lower_upper"`` (a string, verl's own spelling; one number ``u`` means ``1/u_u``, as verl)
+    applies this mapping, so a verl threshold can be pasted as it is. Defaults ``c_low = 1/1.001``,
+    ``c_high = 1/0.999`` (0.999001, 1.001001): verl's ``decoupled_geo_rs()`` preset, ``"0.999_1.001"``, mapped.
+    Tested equal to verl's ``compute_rollout_rejection_mask`` (tests/test_integration_verl_rollout_rs.py).
 ``seq_k3`` (sequence-level k3 rejection; verl ``rollout_rs="seq_mean_k3"``, "K3-RS")
     ``K3_i = mean_t (rho_t - 1 - log rho_t)``, the mean per-token k3 estimate of KL(pi_s || pi_old) over the
     row's valid tokens; ``keep_i = [K3_i <= threshold]``, ``w = 1`` on kept rows. Default threshold 0.01:
@@ -85,12 +96,44 @@ MODE_OPTIONS: dict[str, dict[str, float]] = {
     "tis": {"cap": 2.0},
     "mis": {"c_low": 0.5, "c_high": 2.0},
     "seq_tis": {"cap": 2.0},
-    "seq_mask": {"c_low": 0.999, "c_high": 1.001},
+    # verl's decoupled_geo_rs() preset "0.999_1.001" in tepo's orientation (see seq_mask in the module docstring).
+    "seq_mask": {"c_low": 1.0 / 1.001, "c_high": 1.0 / 0.999},
     "seq_k3": {"threshold": 0.01},
     "seq_max_k2": {"threshold": 2.5},
 }
 # The true/false option every mode with IS weights takes (see "Normalisation" in the module docstring).
 NORMALIZE = "normalize"
+# verl's k1 threshold string ("lower_upper", or one number u for "1/u_u"), instead of c_low / c_high, for the modes
+# whose bounds are verl's k1 bounds mirrored: c_low = 1/upper, c_high = 1/lower (see seq_mask above).
+VERL_THRESHOLD = "verl_threshold"
+VERL_THRESHOLD_MODES: tuple[str, ...] = ("mis", "seq_mask")
+
+
+def verl_k1_bounds(spec: Any) -> tuple[float, float]:
+    """``(c_low, c_high)`` for verl's ``rollout_rs_threshold`` ``spec`` of a k1 option (``token_k1``,
+    ``seq_mean_k1``): ``"lower_upper"`` or one number ``upper`` (lower = 1/upper), parsed as verl 0.9.1's
+    ``_parse_rollout_rs_thresholds``. verl keeps ``log lower <= mean(-log rho) <= log upper``, i.e.
+    ``1/upper <= exp(mean log rho) <= 1/lower``, so ``c_low = 1/upper`` and ``c_high = 1/lower``.
+    Raises ValueError for anything else, or for bounds that are not ``0 < lower <= upper``."""
+    if isinstance(spec, bool) or not isinstance(spec, (str, numbers.Real)):
+        raise ValueError(f"must be verl's threshold string 'lower_upper' (or one number), got {spec!r}")
+    text = str(spec).strip()
+    lower_text, sep, upper_text = text.partition("_")
+    try:
+        upper = float(upper_text if sep else text)
+        lower = float(lower_text) if sep else 1.0 / upper
+    except (ValueError, ZeroDivisionError):
+        raise ValueError(
+            f"must be verl's threshold string 'lower_upper' (or one number), got {spec!r}"
+        ) from None
+    if not (math.isfinite(lower) and math.isfinite(upper) and 0 < lower <= upper):
+        hint = (
+            " (YAML reads an unquoted 0.5_2 as the number 0.52: quote the string, '0.5_2')"
+            if not isinstance(spec, str)
+            else ""
+        )
+        raise ValueError(f"must give verl bounds 0 < lower <= upper, got {spec!r}{hint}")
+    return 1.0 / upper, 1.0 / lower
 
 
 def correction_needs_old_pass(mode: str, options: dict[str, Any]) -> bool:
@@ -107,10 +150,20 @@ def rollout_correction_option_errors(mode: str, options: dict[str, Any]) -> list
     if not isinstance(options, dict):
         return [f"must be a mapping of option names to numbers, got {type(options).__name__}"]
     valid = MODE_OPTIONS[mode]
-    accepted = ", ".join([*valid, NORMALIZE] if mode in NORMALIZABLE_CORRECTIONS else valid) or "none"
+    extra = [NORMALIZE] if mode in NORMALIZABLE_CORRECTIONS else []
+    extra += [VERL_THRESHOLD] if mode in VERL_THRESHOLD_MODES else []
+    accepted = ", ".join([*valid, *extra]) or "none"
     errors = []
     for key, value in options.items():
-        if key == NORMALIZE and mode in MODE_OPTIONS and mode not in NORMALIZABLE_CORRECTIONS:
+        if key == VERL_THRESHOLD and mode in VERL_THRESHOLD_MODES:
+            try:
+                verl_k1_bounds(value)
+            except ValueError as exc:
+                errors.append(f"{key}: {exc}")
+            both = [name for name in ("c_low", "c_high") if name in options]
+            if both:
+                errors.append(f"{key}: sets c_low and c_high itself; drop {' and '.join(both)}")
+        elif key == NORMALIZE and mode in MODE_OPTIONS and mode not in NORMALIZABLE_CORRECTIONS:
             errors.append(
                 f"{key}: rollout correction {mode!r} has no IS weights to normalise (it only keeps or drops "
                 f"tokens, with weight 1); normalize applies to {', '.join(NORMALIZABLE_CORRECTIONS)}"
@@ -136,7 +189,9 @@ def _resolved_options(mode: str, options: dict[str, Any]) -> dict[str, Any]:
     errors = rollout_correction_option_errors(mode, options)
     if errors:
         raise ValueError("rollout correction options: " + "; ".join(errors))
-    numbers_ = {k: float(v) for k, v in options.items() if k != NORMALIZE}
+    numbers_ = {k: float(v) for k, v in options.items() if k not in (NORMALIZE, VERL_THRESHOLD)}
+    if VERL_THRESHOLD in options:
+        numbers_["c_low"], numbers_["c_high"] = verl_k1_bounds(options[VERL_THRESHOLD])
     return {**MODE_OPTIONS[mode], NORMALIZE: bool(options.get(NORMALIZE, False)), **numbers_}
 
 
@@ -181,9 +236,9 @@ def rollout_correction_weights(
 
     ``old_logp``: the trainer's log-probabilities of the sampled tokens (pi_old); ``rollout_logp``: the sampler's
     (pi_s); ``mask``: the valid response tokens. Masked positions may hold anything and get weight 0, keep False.
-    Options: ``cap`` (tis, seq_tis), ``c_low`` / ``c_high`` (mis, seq_mask), ``threshold`` (seq_k3,
-    seq_max_k2), ``normalize`` (tis, mis, seq_tis; the mean is over the rows given here, so pass the whole
-    batch); see `MODE_OPTIONS` for defaults. The weights are detached. Metrics (python floats):
+    Options: ``cap`` (tis, seq_tis), ``c_low`` / ``c_high`` or verl's ``verl_threshold`` string (mis,
+    seq_mask; `verl_k1_bounds`), ``threshold`` (seq_k3, seq_max_k2), ``normalize`` (tis, mis, seq_tis; the mean
+    is over the rows given here, so pass the whole batch); see `MODE_OPTIONS` for defaults. The weights are detached. Metrics (python floats):
     ``is_weight_mean`` / ``_min`` / ``_max`` over kept tokens (after normalisation), ``is_truncated_frac``
     (valid tokens whose weight was capped), ``is_dropped_frac`` (valid tokens dropped),
     ``is_dropped_seq_frac`` (non-empty rows with a dropped token) and, with ``normalize``,
@@ -217,7 +272,8 @@ def rollout_correction_weights(
             torch.where(keep, log_ratio, torch.zeros((), dtype=dtype, device=log_ratio.device))
         )
     elif mode == "seq_mask":
-        _, row_mean = _row_log_ratios(log_ratio, valid)
+        # verl's SAFETY_BOUND clamp before the row mean (masked positions hold 0, unchanged by it).
+        _, row_mean = _row_log_ratios(log_ratio.clamp(min=-_SAFETY_BOUND, max=_SAFETY_BOUND), valid)
         inside = (row_mean >= math.log(opts["c_low"])) & (row_mean <= math.log(opts["c_high"]))
         keep = valid & inside.unsqueeze(-1)
         weights = ones
