@@ -38,10 +38,13 @@ class HFRollout:
     differs slightly from the float32 policy that :func:`tepo.logprobs.response_logprobs` scores.
 
     Behaviour log-probs (``return_logprobs=True``): ``log_softmax`` of the scores ``generate`` sampled from
-    (``output_scores``: the logits after the temperature and top-p processors, the tokens outside the nucleus at
-    ``-inf``), gathered at the sampled tokens; so ``rollout_logp`` is ``log_softmax(logits / temperature)`` at
-    ``top_p == 1`` and the renormalised nucleus log-probability below it, computed from the same (possibly
-    bf16-autocast) logits that were sampled from. See :class:`tepo.rollout.base.RolloutBackend`.
+    (the logits after the temperature and top-p processors, the tokens outside the nucleus at ``-inf``), gathered
+    at the sampled tokens; so ``rollout_logp`` is ``log_softmax(logits / temperature)`` at ``top_p == 1`` and the
+    renormalised nucleus log-probability below it, computed from the same (possibly bf16-autocast) logits that
+    were sampled from. See :class:`tepo.rollout.base.RolloutBackend`. They are taken at the step each token is
+    sampled (:class:`_SampledLogprobs`), not from ``output_scores``, which would keep one float32
+    ``[rows, vocab]`` tensor per generated token alive until the end (about 80 GB at 128 rows x 1024 tokens x a
+    151,936 vocabulary).
     """
 
     @classmethod
@@ -194,10 +197,26 @@ class HFRollout:
         self, prompts, prompt_mask, *, max_new_tokens, temperature, top_p, greedy, return_logprobs
     ):
         """Generate for one group of rows; returns (responses [n, t] with pad after EOS, mask [n, t], logp | None)."""
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         keep = prompt_mask.any(0).nonzero()[0, 0]  # drop columns that are padding in every row of this group
         prompts, prompt_mask = prompts[:, keep:], prompt_mask[:, keep:]
+        recorder = None
+        extra = {}
+        if return_logprobs:
+            # generate runs caller-supplied processors *before* its own temperature/top-p warpers, so a recorder
+            # passed alongside them would see the logits before temperature. The warpers move into the caller's
+            # list instead (the same classes, in generate's order: temperature, then top-p) and generate is told
+            # temperature=1, top_p=1 so it adds none of its own: the scores sampled from are the same tensor
+            # values as before, and so are the samples for a fixed seed.
+            recorder = _SampledLogprobs()
+            warpers = [] if greedy else _sampling_warpers(float(temperature), float(top_p))
+            extra = {
+                "logits_processor": LogitsProcessorList([*warpers, recorder.processor]),
+                "stopping_criteria": StoppingCriteriaList([recorder.criterion]),
+            }
+            if not greedy:
+                sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
         sampling = {} if greedy else {"temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
         config = GenerationConfig(
             max_new_tokens=max_new_tokens,
@@ -209,12 +228,14 @@ class HFRollout:
             pad_token_id=self.pad_token_id,
             eos_token_id=self.eos_token_ids,
             return_dict_in_generate=True,
-            output_scores=return_logprobs,
         )
         device = self.device
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=self.autocast_bf16):
             out = self.model.generate(
-                input_ids=prompts.to(device), attention_mask=prompt_mask.to(device), generation_config=config
+                input_ids=prompts.to(device),
+                attention_mask=prompt_mask.to(device),
+                generation_config=config,
+                **extra,
             )
         responses = out.sequences[:, prompts.shape[1] :].cpu()
         is_eos = torch.isin(responses, torch.tensor(self.eos_token_ids, device=responses.device))
@@ -224,14 +245,65 @@ class HFRollout:
         mask = (~after_eos).long()
         logp = None
         if return_logprobs:
-            logp = torch.stack(
-                [
-                    torch.log_softmax(score.float().cpu(), -1).gather(1, responses[:, t : t + 1]).squeeze(1)
-                    for t, score in enumerate(out.scores)
-                ],
-                1,
-            ).masked_fill(after_eos, 0.0)
+            # One column per generated token; generate may run (and then undo) an extra step on CUDA when it
+            # defers its stop check, so keep only as many columns as it returned tokens.
+            logp = recorder.logprobs()[:, : responses.shape[1]].cpu().masked_fill(after_eos, 0.0)
         return responses, mask, logp
+
+def _sampling_warpers(temperature: float, top_p: float) -> list:
+    """generate's own warpers for these settings, in its order (``_get_logits_processor``: temperature, top-k
+    (disabled here), top-p), with the ``min_tokens_to_keep=1`` it uses for single-beam sampling."""
+    from transformers import TemperatureLogitsWarper, TopPLogitsWarper
+
+    warpers = []
+    if temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(temperature))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p=top_p, min_tokens_to_keep=1))
+    return warpers
+
+
+class _SampledLogprobs:
+    """Records each sampled token's log-probability at the step it is sampled, keeping one ``[rows]`` column per
+    step instead of a ``[rows, vocab]`` tensor.
+
+    ``processor`` goes last in the logits processors: it sees the final scores (the tensor ``generate`` samples
+    from) and holds a reference to them. ``criterion`` goes in the stopping criteria, which ``generate`` calls right
+    after the token is chosen and appended to ``input_ids``: it gathers ``log_softmax(scores)`` at that token and
+    drops the reference, so no full-vocabulary tensor outlives its step. The values are those the former
+    ``output_scores`` path computed: ``log_softmax(score.float())`` at the sampled token (the pad token for rows
+    that already finished; the caller masks those).
+    """
+
+    def __init__(self):
+        self._scores: Tensor | None = None
+        self._columns: list[Tensor] = []
+        self.processor = _HoldScores(self)
+        self.criterion = _GatherSampled(self)
+
+    def logprobs(self) -> Tensor:
+        """``[rows, steps]`` log-probs of the sampled tokens."""
+        return torch.stack(self._columns, 1)
+
+
+class _HoldScores:
+    def __init__(self, owner: _SampledLogprobs):
+        self.owner = owner
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        self.owner._scores = scores
+        return scores
+
+
+class _GatherSampled:
+    def __init__(self, owner: _SampledLogprobs):
+        self.owner = owner
+
+    def __call__(self, input_ids: Tensor, scores, **kwargs) -> Tensor:
+        held, self.owner._scores = self.owner._scores, None
+        self.owner._columns.append(torch.log_softmax(held.float(), -1).gather(1, input_ids[:, -1:]).squeeze(1))
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
 
 
 def _has_eos(responses: Tensor, mask: Tensor, eos_ids: list[int]) -> Tensor:
