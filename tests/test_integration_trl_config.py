@@ -135,6 +135,13 @@ CASES = {
     "luspo/token": (dict(loss_type="luspo"), "grpo"),
     "luspo/sequence": (dict(loss_type="luspo", importance_sampling_level="sequence"), "luspo"),
     "cispo": (dict(loss_type="cispo", epsilon_high=1.2), "cispo"),
+    # TRL's ceiling is epsilon_high itself: unset it is epsilon (0.2), below 1 (issue #36 item 7)
+    "cispo/cap<1": (dict(loss_type="cispo"), "cispo"),
+    "cispo/sequence": (
+        dict(loss_type="cispo", importance_sampling_level="sequence", epsilon_high=1.025),
+        "cispo_seq",
+    ),
+    "cispo/sequence/cap<1": (dict(loss_type="cispo", importance_sampling_level="sequence"), "cispo_seq"),
     # 1.25 is exact in float32 (TRL's temperatures are float32: see the test of the default 1.05 below)
     "sapo": (dict(loss_type="sapo", sapo_temperature_neg=1.25, beta=0.04), "sapo"),
     "sapo/temps": (dict(loss_type="sapo", sapo_temperature_pos=2.0, sapo_temperature_neg=0.5), "sapo"),
@@ -329,13 +336,6 @@ def test_tepo_explains_trls_length_weighting_warning(build, caplog):
             dict(loss_type="sapo", importance_sampling_level="sequence"),
             "no registry loss computes it",
         ),
-        (
-            None,
-            {},
-            dict(loss_type="cispo", importance_sampling_level="sequence"),
-            "no registry loss computes it",
-        ),
-        (None, {}, dict(loss_type="cispo"), "caps the IS weight below 1"),
         (None, {}, dict(loss_type="grpo", epsilon_high=0.28, delta=1.2), r"delta=1.2 <= 1 \+ eps_high"),
         (None, {}, dict(loss_type="sapo", delta=2.0), "TRL ignores delta for loss_type='sapo'"),
         (None, {}, dict(importance_sampling_level="sequence", delta=2.0), "does not take"),
@@ -395,3 +395,24 @@ def test_loss_name_accepts_trl_fields_that_describe_the_same_loss(tmp_path):
     assert any("not used" in note for note in unused.notes)
     dual = plan_loss(_config(tmp_path, delta=3.0), "dapo", {})
     assert dual.options["dual_clip"] == 3.0
+
+
+def test_trls_cispo_cases_are_not_vacuous(build):
+    """The cispo cases above bite: on that batch TRL's own loss clips some but not all positive-advantage
+    tokens (cap 1.2, token ratio) or rows (cap 1.025, sequence ratio), the cap below 1 clips (nearly) everything,
+    and the sequence ratio gives another loss than the token ratio at the same cap (so cispo_seq had to be the
+    sequence one)."""
+    b = _batch()
+    logged = {}
+    values = {}
+    for case in ("cispo", "cispo/cap<1", "cispo/sequence", "cispo/sequence/cap<1"):
+        trainer = build(**CASES[case][0])
+        values[case], _, _, trl_logged = _run(trainer, GRPOTrainer._compute_loss, b)
+        logged[case] = trl_logged["cispo_clip_ratio"]
+    positive = float(((b["adv"] > 0).unsqueeze(1) & b["mask"].bool()).sum() / b["mask"].sum())
+    assert 0 < logged["cispo"] < positive
+    # one value per sequence: rows 0 and 2 have A > 0, s_0 = 1.0202 and s_2 = 1.0277: row 2 is above 1.025
+    assert logged["cispo/sequence"] == 0.25
+    assert logged["cispo/cap<1"] == pytest.approx(positive) and logged["cispo/sequence/cap<1"] == 0.5
+    token_at_cap = _run(build(loss_type="cispo", epsilon_high=1.025), GRPOTrainer._compute_loss, b)[0]
+    assert abs(float(token_at_cap - values["cispo/sequence"])) > 1e-6

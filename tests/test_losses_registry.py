@@ -47,7 +47,7 @@ def test_builtins_are_registered_with_table_defaults():
         "tepo": ("token-mean", {"eps_low": 0.2, "eps_high": 0.2}),
         "gspo": ("seq-mean-token-mean", {"eps_low": 3e-4, "eps_high": 4e-4}),
         "gmpo": ("seq-mean-token-mean", {"eps_low": 0.4, "eps_high": 0.4}),
-        "cispo": ("token-mean", {"eps_high": 0.28, "eps_low": None}),
+        "cispo": ("token-mean", {"eps_high": 0.28, "eps_low": None, "cap": None}),
         "reinforce_is": ("token-mean", {}),
         "prefix_is": ("token-mean", {"eps_low": 0.2, "eps_high": 0.2}),
     }

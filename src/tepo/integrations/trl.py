@@ -33,9 +33,10 @@ What is taken from TRL's config (`tepo.integrations.trl_config.plan_loss`)
 ``loss_name=None`` trains the loss ``GRPOConfig`` describes: ``loss_type`` x ``importance_sampling_level`` with
 ``epsilon`` / ``epsilon_high`` (and ``sapo_temperature_*``, ``vespo_*``) become the registry loss that computes
 TRL 1.16's value and gradient (token: grpo -> ``grpo``, bnpo and dapo -> ``dapo``, dr_grpo -> ``dr_grpo``, luspo ->
-``grpo`` with ``agg=seq-mean-token-sum``, cispo -> ``cispo`` with ``eps_high = epsilon_high - 1``, sapo ->
-``sapo``, vespo -> ``vespo``; sequence: grpo -> ``gspo``, bnpo and dapo -> ``tepo``, dr_grpo -> ``tepo`` with
-``agg=seq-mean-token-sum-norm``, luspo -> ``luspo``, vespo -> ``vespo``). ``loss_name="<name>"`` (default
+``grpo`` with ``agg=seq-mean-token-sum``, cispo -> ``cispo`` with ``cap = epsilon_high`` (TRL's ceiling itself,
+any value > 0), sapo -> ``sapo``, vespo -> ``vespo``; sequence: grpo -> ``gspo``, bnpo and dapo -> ``tepo``,
+dr_grpo -> ``tepo`` with ``agg=seq-mean-token-sum-norm``, luspo -> ``luspo``, cispo -> ``cispo_seq`` with
+``cap = epsilon_high``, vespo -> ``vespo``). ``loss_name="<name>"`` (default
 ``"tepo"``) trains that registry loss with ``loss_options``; TRL's loss fields must then be TRL's defaults or
 describe the same loss, else the trainer refuses (never ignores) them. In both cases: ``beta`` is ``kl_coef``
 (it is also what makes TRL load the reference model, so ``kl_coef`` in ``loss_options`` is refused);
@@ -47,8 +48,7 @@ micro-batch's entropies over all processes, float32), not tepo's optimizer mini-
 and is refused); ``entropy_coef`` is TRL's own bonus, ``coef * sum(m*H) / sum(m)`` per micro-batch divided by
 gradient accumulation whatever the loss (tepo's ``entropy_coef`` option follows the loss's aggregation instead),
 and ``use_adaptive_entropy`` runs TRL's controller on TRL's own state.
-Refused, with the reason: combinations with no registry equal (sapo or cispo on the sequence ratio, cispo with
-``epsilon_high <= 1``, ``delta`` on a sequence ratio or where TRL ignores it, vespo with vLLM's IS correction,
+Refused, with the reason: combinations with no registry equal (sapo on the sequence ratio, ``delta`` on a sequence ratio or where TRL ignores it, vespo with vLLM's IS correction,
 the sequence-ratio-weighted k3 of ``importance_sampling_level="sequence"`` with the bias correction), one number
 set both in GRPOConfig and in loss_options, and the Liger kernel (which
 bypasses the loss hook). The MoE router auxiliary loss is added as TRL adds it. Tested equal to TRL's builtin

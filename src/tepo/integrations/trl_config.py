@@ -49,6 +49,7 @@ TRL_LOSSES: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {
     ("dr_grpo", "token"): ("dr_grpo", {}),
     ("luspo", "token"): ("grpo", {"agg": "seq-mean-token-sum"}),
     ("cispo", "token"): ("cispo", {}),
+    ("cispo", "sequence"): ("cispo_seq", {}),
     ("sapo", "token"): ("sapo", {}),
     ("vespo", "token"): ("vespo", {}),
     ("grpo", "sequence"): ("gspo", {}),
@@ -92,6 +93,7 @@ class LossPlan:
     eps_low: float | None = None
     eps_high: float | None = None
     cispo_cap: float | None = None  # cispo_clip_ratio: ratio > cap with A > 0
+    cispo_level: str = "token"  # the ratio cispo_clip_ratio reads: "token" (cispo) or "sequence" (cispo_seq)
     notes: list[str] = field(default_factory=list)
 
 
@@ -122,14 +124,9 @@ def _trl_loss(args: Any, problems: list[str]) -> tuple[str, dict[str, Any]] | No
     name, options = entry[0], dict(entry[1])
     eps_low, eps_high = _eps_pair(args)
     if loss_type == "cispo":
-        # TRL's cispo caps the IS weight at epsilon_high itself (clamp(r, max=epsilon_high)); ours at 1 + eps_high.
-        if eps_high <= 1.0:
-            problems.append(
-                f"loss_type='cispo' with epsilon_high={eps_high} caps the IS weight below 1 (TRL clamps r at "
-                "epsilon_high itself); the registry cispo caps at 1 + eps_high >= 1: set epsilon_high > 1"
-            )
-            return None
-        options["eps_high"] = eps_high - 1.0
+        # TRL's cispo caps the IS weight at epsilon_high itself (clamp(r, max=epsilon_high)), any value > 0 (0.2,
+        # its epsilon, when unset): the registry cispo / cispo_seq take that ceiling as cap, exactly.
+        options["cap"] = eps_high
     elif loss_type == "sapo":
         options.update(tau_pos=float(args.sapo_temperature_pos), tau_neg=float(args.sapo_temperature_neg))
     elif loss_type == "vespo":
@@ -317,6 +314,8 @@ def plan_loss(args: Any, loss_name: str | None, loss_options: dict[str, Any]) ->
     if name in TOKEN_CLIPPED or name in SEQUENCE_CLIPPED:
         plan.clip_level = "token" if name in TOKEN_CLIPPED else "sequence"
         plan.eps_low, plan.eps_high = float(effective["eps_low"]), float(effective["eps_high"])
-    elif name == "cispo":
-        plan.cispo_cap = 1.0 + float(effective["eps_high"])
+    elif name in ("cispo", "cispo_seq"):
+        cap = effective.get("cap")
+        plan.cispo_cap = float(cap) if cap is not None else 1.0 + float(effective["eps_high"])
+        plan.cispo_level = "sequence" if name == "cispo_seq" else "token"
     return plan

@@ -12,7 +12,8 @@ equal to TRL's logged values on the same batch):
   A > 0; ``region_mean``: either; ``low_min`` / ``high_max``: the smallest / largest per-sequence share over all
   processes' sequences. The ratio is the token ratio for ``grpo``/``dapo``/``dr_grpo`` and the sequence ratio
   ``s_i`` for ``tepo``/``gspo``/``luspo``, with the loss's own eps;
-- ``cispo_clip_ratio``: share with r above cispo's cap (1 + eps_high) and A > 0;
+- ``cispo_clip_ratio``: share with the ratio above cispo's ceiling (``cap``, else 1 + eps_high) and A > 0: the
+  token ratio for ``cispo``, the sequence ratio (one value per sequence) for ``cispo_seq``;
 - ``kl``: the token mean of the KL term's per-token estimate (k3, ``r * k3`` for k3_unbiased), before beta;
 - ``policy_loss``: the loss without the entropy bonus, normalised as TRL's loss type normalises it (the
   per-micro-batch mean for TRL's grpo/sapo/bnpo/dr_grpo/luspo and any non-token-mean registry loss, i.e. the
@@ -78,12 +79,7 @@ class TrlMetrics:
         adv = column(advantages.detach())
         out: dict[str, float] = {}
         if plan.clip_level is not None:
-            if plan.clip_level == "token":
-                ratio = torch.exp(log_ratio)
-            else:
-                zero = torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
-                lengths = self.mask.sum(-1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
-                ratio = torch.exp(torch.where(self.mask, log_ratio, zero).sum(-1, keepdim=True) / lengths)
+            ratio = self._ratio(log_ratio, plan.clip_level)
             low = ((ratio < 1 - plan.eps_low) & (adv < 0)).double()
             high = ((ratio > 1 + plan.eps_high) & (adv > 0)).double()
             out["clip_ratio/low_mean"] = self.global_mean(low)
@@ -92,9 +88,17 @@ class TrlMetrics:
             out["clip_ratio/low_min"] = _nan_extreme(self.seq_means(low), largest=False)
             out["clip_ratio/high_max"] = _nan_extreme(self.seq_means(high), largest=True)
         if plan.cispo_cap is not None:
-            clipped = ((torch.exp(log_ratio) > plan.cispo_cap) & (adv > 0)).double()
+            clipped = ((self._ratio(log_ratio, plan.cispo_level) > plan.cispo_cap) & (adv > 0)).double()
             out["cispo_clip_ratio"] = self.global_mean(clipped)
         return out
+
+    def _ratio(self, log_ratio: torch.Tensor, level: str) -> torch.Tensor:
+        """TRL's ``coef_1``: the token ratio [N, T], or the sequence ratio ``s_i`` [N, 1] (one value per row)."""
+        if level == "token":
+            return torch.exp(log_ratio)
+        zero = torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
+        lengths = self.mask.sum(-1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
+        return torch.exp(torch.where(self.mask, log_ratio, zero).sum(-1, keepdim=True) / lengths)
 
     def kl(self, logp: torch.Tensor, ref_logp: torch.Tensor, old_logp: torch.Tensor, estimator: str) -> float:
         per_token = kl_estimate(logp.detach(), ref_logp, estimator, old_logp=old_logp)

@@ -150,6 +150,7 @@ class TepoPolicyLossConfig(PolicyLossConfig):
     off_policy_mask: float | None = None
     top_entropy_quantile: float | None = None
     m2po_threshold: float | None = None
+    cap: float | None = None  # cispo / cispo_seq: the IS weight's ceiling in place of 1 + eps_high
 
     def __post_init__(self) -> None:
         name = tepo_loss_name(self.loss_mode)

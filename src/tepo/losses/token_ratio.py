@@ -1,6 +1,9 @@
-"""Losses built on the per-token ratio ``r[i,t] = exp(logp - old)``: grpo, dapo, dr_grpo, cispo, prefix_is.
+"""Losses built on the per-token ratio ``r[i,t] = exp(logp - old)``: grpo, dapo, dr_grpo, cispo, prefix_is; and
+cispo_seq, CISPO's weight on the sequence ratio (TRL's cispo at ``importance_sampling_level="sequence"``), kept
+beside cispo so the two share one weight rule.
 
-The PPO-clipped three (grpo, dapo, dr_grpo) take the ``dual_clip`` option; cispo takes an optional ``eps_low``.
+The PPO-clipped three (grpo, dapo, dr_grpo) take the ``dual_clip`` option; cispo and cispo_seq take an optional
+``eps_low`` and a ``cap`` that replaces ``1 + eps_high``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from tepo.losses._common import (
     clipped_surrogate,
     masked_mean_value,
     optional_number,
+    sequence_log_ratio,
     token_log_ratio,
 )
 from tepo.losses.inputs import LossInputs
@@ -87,29 +91,88 @@ def dr_grpo(
     return _ppo_clip_loss(inputs, eps_low, eps_high, dual_clip)
 
 
-@register_policy_loss("cispo", default_agg="token-mean", paper="MiniMax-M1 2506.13585")
-def cispo(inputs: LossInputs, *, eps_high: float = 0.28, eps_low: float | None = None):
-    """CISPO: l = -sg[clip(r, 0, 1+eps_high)] * A * logp (clipped IS weight, never a dropped token).
+_CISPO_EPS_HIGH = 0.28
 
-    MiniMax-M1 (arXiv 2506.13585) Eq. 4-5: the importance weight is truncated and detached, so every token
-    keeps the REINFORCE gradient -w*A*grad(logp). The loss *value* is -w*A*logp (not a surrogate of r).
-    clip_frac_high counts tokens whose weight was truncated (r > 1+eps_high), whatever the sign of A. By default
-    there is no lower clip (MiniMax, TRL), so clip_frac_low is 0. ``eps_low`` set clips both sides,
-    ``sg[clip(r, 1-eps_low, 1+eps_high)]`` (verl, slime, SkyRL, NeMo), and clip_frac_low counts the tokens whose
-    weight was raised to 1-eps_low. ``eps=`` is not accepted (it would silently turn on the lower clip).
+
+def _cispo_weight(
+    ratio: torch.Tensor, inputs: LossInputs, eps_high: float, eps_low: float | None, cap: float | None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """CISPO's detached weight ``sg[clip(ratio, floor, ceiling)]`` and its clip metrics (per token).
+
+    ``ceiling = cap`` when given (any ``c > 0``; TRL's ``epsilon_high`` is the cap itself), else ``1 + eps_high``;
+    ``floor = 1 - eps_low`` when given, else 0. ``cap`` with a non-default ``eps_high`` is refused (one ceiling).
     """
-    check_eps(eps_high=eps_high)
+    cap = optional_number("cap", cap)
     eps_low = optional_number("eps_low", eps_low)
+    if cap is None:
+        check_eps(eps_high=eps_high)
+        ceiling = 1.0 + eps_high
+    elif not cap > 0:
+        raise ValueError(f"cap must be > 0 (the IS weight's ceiling), got {cap}")
+    elif eps_high != _CISPO_EPS_HIGH:
+        raise ValueError(f"cap={cap} and eps_high={eps_high} both set the IS weight's ceiling: set one")
+    else:
+        ceiling = cap
     floor = 0.0
     if eps_low is not None:
         check_eps(eps_low=eps_low)
         floor = 1.0 - eps_low
-    ratio = torch.exp(token_log_ratio(inputs))
-    weight = ratio.clamp(floor, 1.0 + eps_high).detach()
-    truncated = inputs.mask & (ratio > 1.0 + eps_high)
+        if floor > ceiling:
+            raise ValueError(f"the lower clip 1 - eps_low = {floor} is above the ceiling {ceiling}")
+    weight = ratio.clamp(floor, ceiling).detach()
+    truncated = inputs.mask & (ratio > ceiling)
     raised = inputs.mask & (ratio < floor)
-    loss_mat = -weight * inputs.advantages * inputs.logp
-    return loss_mat, clip_metrics(raised, truncated, inputs.mask)
+    return weight, clip_metrics(raised, truncated, inputs.mask)
+
+
+@register_policy_loss("cispo", default_agg="token-mean", paper="MiniMax-M1 2506.13585")
+def cispo(
+    inputs: LossInputs,
+    *,
+    eps_high: float = _CISPO_EPS_HIGH,
+    eps_low: float | None = None,
+    cap: float | None = None,
+):
+    """CISPO: l = -sg[clip(r, 0, 1+eps_high)] * A * logp (clipped IS weight, never a dropped token).
+
+    MiniMax-M1 (arXiv 2506.13585) Eq. 4-5: the importance weight is truncated and detached, so every token
+    keeps the REINFORCE gradient -w*A*grad(logp). The loss *value* is -w*A*logp (not a surrogate of r).
+    clip_frac_high counts tokens whose weight was truncated (r above the ceiling), whatever the sign of A. By
+    default there is no lower clip (MiniMax, TRL), so clip_frac_low is 0. ``eps_low`` set clips both sides,
+    ``sg[clip(r, 1-eps_low, 1+eps_high)]`` (verl, slime, SkyRL, NeMo), and clip_frac_low counts the tokens whose
+    weight was raised to 1-eps_low. ``cap=c`` (any c > 0) sets the ceiling itself, ``sg[min(r, c)]``: TRL's
+    ``loss_type="cispo"`` clamps r at ``epsilon_high`` (5.0 recommended; 0.2, its ``epsilon``, when unset), a
+    ceiling below 1 included. ``eps=`` is not accepted (it would silently turn on the lower clip).
+    """
+    ratio = torch.exp(token_log_ratio(inputs))
+    weight, metrics = _cispo_weight(ratio, inputs, eps_high, eps_low, cap)
+    return -weight * inputs.advantages * inputs.logp, metrics
+
+
+@register_policy_loss(
+    "cispo_seq",
+    default_agg="token-mean",
+    paper="MiniMax-M1 2506.13585 (CISPO); GSPO 2507.18071 (sequence ratio)",
+)
+def cispo_seq(
+    inputs: LossInputs,
+    *,
+    eps_high: float = _CISPO_EPS_HIGH,
+    eps_low: float | None = None,
+    cap: float | None = None,
+):
+    """CISPO on the sequence ratio: l[i,t] = -sg[clip(s_i, 0, 1+eps_high)] * A * logp[i,t].
+
+    ``s_i = exp(sum_t m*(logp - old) / sum_t m)`` (GSPO's and TEPO's length-normalised ratio) replaces the token
+    ratio inside CISPO's detached, truncated weight (MiniMax-M1 Eq. 4-5); each token keeps its REINFORCE gradient
+    ``-w_i * A * grad(logp[i,t])``, the weight carries none. This is TRL 1.16's ``loss_type="cispo"`` with
+    ``importance_sampling_level="sequence"`` (``cap=epsilon_high``), aggregated as its cispo (token-mean), which
+    TRL warns weights each sequence by its length. Options as ``cispo``: ``cap``, ``eps_high``, ``eps_low``;
+    clip_frac_high / _low count the tokens of rows whose weight was truncated / raised.
+    """
+    ratio = torch.exp(sequence_log_ratio(inputs)).unsqueeze(-1).expand_as(inputs.logp)
+    weight, metrics = _cispo_weight(ratio, inputs, eps_high, eps_low, cap)
+    return -weight * inputs.advantages * inputs.logp, metrics
 
 
 @register_policy_loss("prefix_is", default_agg="token-mean", paper="TEPO 2510.09369 Sec. 4.3.2")
