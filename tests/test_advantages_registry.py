@@ -68,7 +68,13 @@ def test_builtin_declarations():
     assert all(
         ADVANTAGE_ESTIMATORS[n].group_relative for n in ("grpo", "dr_grpo", "rloo", "entropy_adv", "erpo")
     )
-    assert [n for n, e in ADVANTAGE_ESTIMATORS.items() if e.token_level] == ["entropy_adv", "erpo"]
+    assert [n for n, e in ADVANTAGE_ESTIMATORS.items() if e.token_level] == [
+        "entropy_adv",
+        "erpo",
+        "reinforce_plus_plus",
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
+    ]
 
 
 def test_estimator_requires_rejects_bad_names_and_options():
@@ -176,7 +182,7 @@ def test_bad_declarations_fail_at_registration(scratch_registry):
     with pytest.raises(TypeError, match=r"requires \['logp'\] but its function has no keyword parameter"):
         register_advantage_estimator("bad_fn", requires=("logp",))(no_kw)
     assert "bad_name" not in ADVANTAGE_ESTIMATORS and "bad_fn" not in ADVANTAGE_ESTIMATORS
-    assert set(TENSOR_INPUTS) == {"logp", "old_logp", "ref_logp", "entropy", "mask"}
+    assert set(TENSOR_INPUTS) == {"logp", "old_logp", "ref_logp", "entropy", "mask", "sum_pi_squared"}
 
 
 # ---------------------------------------------------------------------------------------------------------

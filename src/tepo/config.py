@@ -517,8 +517,13 @@ def validate(config: RunConfig) -> list[str]:
     elif kl_estimator_ok or not c.algorithm.kl_coef:  # else the dry run would report the estimator again
         errors += _dry_run_loss(c.algorithm)
     if c.algorithm.advantage not in ADVANTAGE_ESTIMATORS:
+        from tepo.advantages.frameworks import REFUSED_ESTIMATORS
+
+        refused = REFUSED_ESTIMATORS.get(c.algorithm.advantage)
         errors.append(
-            f"algorithm.advantage: unknown estimator {c.algorithm.advantage!r} "
+            f"algorithm.advantage: {c.algorithm.advantage!r} is not offered: {refused}"
+            if refused
+            else f"algorithm.advantage: unknown estimator {c.algorithm.advantage!r} "
             f"(valid: {', '.join(sorted(ADVANTAGE_ESTIMATORS))})"
         )
     else:
@@ -709,6 +714,7 @@ def _dry_run_advantages(c: RunConfig) -> None:
         ref_logp=z,
         entropy=z,
         mask=torch.ones(g, 2),
+        sum_pi_squared=z,
         **c.algorithm.advantage_options,
     )
 

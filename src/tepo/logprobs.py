@@ -45,8 +45,13 @@ def response_logprobs(
     chunk_size: int | None = None,
     temperature: float = 1.0,
     prompt_groups: Tensor | None = None,
+    compute_sum_pi_squared: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probabilities ``[N, T]`` of the response tokens and (optionally) the full-vocabulary entropy ``[N, T]``.
+
+    ``compute_sum_pi_squared=True`` (no-grad calls only) returns a third ``[N, T]`` tensor, ``sum_v pi(v)^2`` of
+    ``softmax(logits / temperature)`` at each response position (the optimal token baseline's path variance,
+    `tepo.advantages.optimal_token_baseline_advantages`); it costs one more ``lm_head`` product per chunk.
 
     ``input_ids``/``attention_mask`` are ``[N, P+T]``: the last ``response_len`` (= T) columns are the response.
     Position ids come from ``attention_mask`` (``cumsum - 1``), as in transformers' ``generate``, so left padding
@@ -81,7 +86,9 @@ def response_logprobs(
     rows_targets = targets[valid]
     vocab = lm_head.weight.shape[0] if hasattr(lm_head, "weight") else None
     size = chunk_size or default_chunk_size(vocab or 32_000)
-    logp_rows, entropy_rows = [], []
+    logp_rows, entropy_rows, pi2_rows = [], [], []
+    if compute_sum_pi_squared and torch.is_grad_enabled():
+        raise ValueError("compute_sum_pi_squared is for no-grad passes only (wrap the call in torch.no_grad())")
     # Recompute-in-backward is only needed when a graph is being built through the chunk.
     use_checkpoint = torch.is_grad_enabled() and (
         rows_hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
@@ -95,9 +102,21 @@ def response_logprobs(
             logp_chunk, entropy_chunk = fn(*args)
         logp_rows.append(logp_chunk)
         entropy_rows.append(entropy_chunk)
+        if compute_sum_pi_squared:
+            logits = lm_head(args[0])
+            pi2_rows.append(
+                torch.cat(
+                    [
+                        torch.softmax(logits[rows].float() / temperature, dim=-1).square().sum(-1)
+                        for rows in _row_blocks(logits)
+                    ]
+                )
+            )
 
     logp = _scatter_rows(logp_rows, valid)
     entropy = _scatter_rows(entropy_rows, valid) if compute_entropy else None
+    if compute_sum_pi_squared:
+        return logp, entropy, _scatter_rows(pi2_rows, valid)
     return logp, entropy
 
 

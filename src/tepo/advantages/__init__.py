@@ -20,6 +20,7 @@ Reference: docs/algorithms.md, sections "Advantage estimators" and "Group filter
 # Importing these modules registers the built-in estimators, in the order of docs/algorithms.md.
 from tepo.advantages import group, token_level  # noqa: F401
 from tepo.advantages import group_2026  # noqa: F401  (after the TEPO papers' estimators)
+from tepo.advantages import frameworks  # noqa: F401  (verl's other estimators, issue #39)
 
 # isort: on
 from tepo.advantages.compute import compute_advantages

@@ -21,6 +21,7 @@ def compute_advantages(
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
     mask: Tensor | None = None,
+    sum_pi_squared: Tensor | None = None,
     **options: Any,
 ) -> Tensor:
     """Advantages of estimator ``name`` for ``rewards`` ``[N]`` grouped by ``group_size``.
@@ -35,7 +36,14 @@ def compute_advantages(
     est.check_options(options)
     rewards, group_size = validate_rewards(rewards, group_size)
     needed = est.requires_for(options)
-    available = {"logp": logp, "old_logp": old_logp, "ref_logp": ref_logp, "entropy": entropy, "mask": mask}
+    available = {
+        "logp": logp,
+        "old_logp": old_logp,
+        "ref_logp": ref_logp,
+        "entropy": entropy,
+        "mask": mask,
+        "sum_pi_squared": sum_pi_squared,
+    }
     if "mask" in needed and mask is None and est.token_level:
         raise ValueError(f"advantage estimator {name!r} is token-level and needs mask=[N, T] (got none)")
     missing = [key for key in TENSOR_INPUTS if key in needed and available[key] is None]

@@ -30,8 +30,10 @@ from torch import Tensor
 # old_logp log-probs under the policy that sampled the batch (in the built-in trainer advantages are computed
 #          before any update of the rollout, so this is the same tensor as logp);
 # ref_logp log-probs under the frozen reference model (a copy of the initial policy);
-# entropy  the current policy's token entropy; mask 1 for response tokens, 0 for padding.
-TENSOR_INPUTS = ("logp", "old_logp", "ref_logp", "entropy", "mask")
+# entropy  the current policy's token entropy; mask 1 for response tokens, 0 for padding;
+# sum_pi_squared  sum over the vocabulary of pi(v)^2 at each position under the pre-update policy (the optimal
+#          token baseline's path variance; computed by the trainer's pre-update pass only when an estimator asks).
+TENSOR_INPUTS = ("logp", "old_logp", "ref_logp", "entropy", "mask", "sum_pi_squared")
 
 Requires = Iterable[str] | Callable[[Mapping[str, Any]], Iterable[str]]
 
@@ -177,6 +179,10 @@ def get_advantage_estimator(name: str) -> AdvantageEstimator:
     try:
         return ADVANTAGE_ESTIMATORS[name]
     except (KeyError, TypeError):
+        from tepo.advantages.frameworks import REFUSED_ESTIMATORS
+
+        if isinstance(name, str) and name in REFUSED_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is not offered: {REFUSED_ESTIMATORS[name]}") from None
         raise ValueError(
             f"unknown advantage estimator {name!r}; valid names: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}"
         ) from None

@@ -98,17 +98,41 @@ def rows_logprobs(
 
 
 def batch_logprobs(
-    model, batch: RolloutBatch, settings: LogprobSettings, *, entropy: bool
-) -> tuple[Tensor, Tensor | None]:
-    """No-grad log-probs (and entropy) of every response token, in micro-batches, padded to ``[N, T]``."""
+    model, batch: RolloutBatch, settings: LogprobSettings, *, entropy: bool, sum_pi_squared: bool = False
+):
+    """No-grad log-probs (and entropy) of every response token, in micro-batches, padded to ``[N, T]``.
+
+    With ``sum_pi_squared=True`` a third ``[N, T]`` tensor: ``sum_v pi(v)^2`` per position (for estimators that
+    declare ``sum_pi_squared``, the optimal token baseline)."""
     n, t = batch.response_mask.shape
     device = batch.response_mask.device
     logp_all = torch.zeros(n, t, device=device)
     ent_all = torch.zeros(n, t, device=device) if entropy else None
+    pi2_all = torch.zeros(n, t, device=device) if sum_pi_squared else None
     with held_attention(model, batch, settings):
         for rows in torch.arange(n).split(settings.micro_batch_size):
-            logp, ent, cols = rows_logprobs(model, batch, rows, settings, entropy=entropy, grad=False)
+            if sum_pi_squared:
+                ids, att, t_rows, cols = trim_columns(
+                    batch.input_ids[rows], batch.attention_mask[rows], batch.response_len
+                )
+                autocast = bf16_autocast(settings.autocast_bf16, autocast_device_type(ids.device))
+                with torch.no_grad(), autocast:
+                    logp, ent, pi2 = response_logprobs(
+                        model,
+                        ids,
+                        att,
+                        t_rows,
+                        compute_entropy=entropy,
+                        temperature=settings.temperature,
+                        prompt_groups=batch.prompt_index[rows] if settings.share_prompt_prefix else None,
+                        compute_sum_pi_squared=True,
+                    )
+                pi2_all[rows, cols] = pi2
+            else:
+                logp, ent, cols = rows_logprobs(model, batch, rows, settings, entropy=entropy, grad=False)
             logp_all[rows, cols] = logp
             if entropy:
                 ent_all[rows, cols] = ent
+    if sum_pi_squared:
+        return logp_all, ent_all, pi2_all
     return logp_all, ent_all

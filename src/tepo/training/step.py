@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from tepo.advantages import compute_advantages
+from tepo.advantages import compute_advantages, estimator_requires
 from tepo.lora import scoring
 from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
 from tepo.metrics.tokens import record_rollout_tokens, response_token_strings
@@ -79,9 +79,14 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
     # 3. Old-policy log-probs and entropy (skipped when the single update's own forward pass is the old policy)
     #    and the reference policy's log-probs (KL penalty, reference-based estimators).
     start = time.perf_counter()
-    old_logp = old_entropy = ref_logp = None
+    old_logp = old_entropy = ref_logp = sum_pi_squared = None
     if parts.needs_old_pass:
-        old_logp, old_entropy = batch_logprobs(parts.model, batch, parts.logprob_settings, entropy=True)
+        if "sum_pi_squared" in estimator_requires(c.algorithm.advantage, c.algorithm.advantage_options):
+            old_logp, old_entropy, sum_pi_squared = batch_logprobs(
+                parts.model, batch, parts.logprob_settings, entropy=True, sum_pi_squared=True
+            )
+        else:
+            old_logp, old_entropy = batch_logprobs(parts.model, batch, parts.logprob_settings, entropy=True)
     if parts.ref_model is not None:
         with scoring(parts.ref_model) as reference:  # a frozen copy, or the LoRA policy with its adapters off
             ref_logp, _ = batch_logprobs(reference, batch, parts.logprob_settings, entropy=False)
@@ -99,6 +104,7 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
         ref_logp=ref_logp,
         entropy=old_entropy,
         mask=mask,
+        sum_pi_squared=sum_pi_squared,
         **c.algorithm.advantage_options,
     )
 

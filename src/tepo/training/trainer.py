@@ -213,7 +213,7 @@ class Trainer:
         needs = estimator_requires(c.algorithm.advantage, c.algorithm.advantage_options)
         self.needs_old_pass = (
             self.updates_per_step > 1
-            or bool(needs & {"logp", "old_logp", "entropy"})
+            or bool(needs & {"logp", "old_logp", "entropy", "sum_pi_squared"})
             or correction_needs_old_pass(mode, c.algorithm.rollout_correction_options)
             or get_policy_loss(c.algorithm.loss).needs_batch_stats
         )
