@@ -142,3 +142,31 @@ def ratio(a: float, b: float) -> float:
 
 def fmt(x: float, digits: int = 2) -> str:
     return "n/a" if x is None or x != x else f"{x:.{digits}f}"
+
+
+def machine_precision(device: str = "cpu") -> dict:
+    """The CPU (model, the flags that matter), the GPU if any, and the precision ``auto`` resolves to on ``device``
+    (tepo.precision): every side of a benchmark runs at this precision, and its JSON and table record it."""
+    from tepo.precision import cpu_info, resolve_precision
+
+    cpu = cpu_info()
+    precision, _ = resolve_precision("auto", "auto", "auto", device)
+    gpu = None
+    if device.startswith("cuda"):
+        import torch
+
+        gpu = torch.cuda.get_device_name(torch.device(device).index)
+    return {
+        "cpu_model": cpu.model,
+        "cpu_flags": cpu.reported_flags(),
+        "gpu": gpu,
+        "bf16": precision.model_autocast_bf16,  # the update's autocast on both sides (TRL: bf16=)
+        "precision": precision.label,
+        "reason": precision.reason,
+    }
+
+
+def precision_line(machine: dict) -> str:
+    """One line for a benchmark's printed output: the machine and the precision both sides ran at."""
+    where = machine["gpu"] or f"{machine['cpu_model']} ({' '.join(machine['cpu_flags'])})"
+    return f"machine: {where}; precision for both sides: {machine['precision']} ({machine['reason']})"

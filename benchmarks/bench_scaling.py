@@ -8,7 +8,8 @@ GSM8K prompts, with TRL 1.16's GRPOTrainer beside it at one shape: a table and a
 Two sweeps that cross at the (16 prompts, 256 tokens) point, 8 samples per prompt throughout:
 prompts per step 4, 16, 64 at 256 new tokens, and 64, 256, 1024 new tokens at 16 prompts. Each shape runs in a
 fresh subprocess (the tepo worker of ``bench_vs_trl.py``: the `tepo` preset on today's defaults, i.e. the vLLM
-engine where installed, one update per rollout, bf16 autocast for the update, micro-batches of 16 sequences),
+engine where installed, one update per rollout, the precision ``auto`` picks on this machine for both tepo and
+TRL (bf16 autocast where the hardware computes bf16 natively, float32 elsewhere), micro-batches of 16 sequences),
 so its peak memory is its own. TRL runs the (16, 256) shape in the same script (``--trl-shapes``). Every finished
 shape is appended to ``--results`` (JSONL) at once, and a rerun skips the shapes already there: a killed sweep
 goes on where it stopped.
@@ -30,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import fmt, load_average, median, run_worker
+from _common import fmt, load_average, machine_precision, median, precision_line, run_worker
 
 WORKER = str(Path(__file__).resolve().parent / "bench_vs_trl.py")
 SAMPLES = 8
@@ -65,7 +66,7 @@ def read_results(path: Path) -> dict[str, dict]:
     return done
 
 
-def measure(side: str, shape, *, data: str, warmup: int, steps: int, threads: int) -> dict:
+def measure(side: str, shape, *, data: str, warmup: int, steps: int, threads: int, machine: dict) -> dict:
     prompts, samples, new_tokens = shape
     workload = {
         "prompts": prompts,
@@ -74,6 +75,7 @@ def measure(side: str, shape, *, data: str, warmup: int, steps: int, threads: in
         "warmup": warmup,
         "steps": steps,
         "data": data,
+        "bf16": machine["bf16"],
     }
     load = load_average()[0]
     result = run_worker(
@@ -103,21 +105,27 @@ def measure(side: str, shape, *, data: str, warmup: int, steps: int, threads: in
         "peak_tree_pss_mb": result.get("peak_tree_pss_mb", float("nan")),
         "load_avg": load,
         "threads": threads,
+        "cpu_model": machine["cpu_model"],
+        "cpu_flags": machine["cpu_flags"],
+        "precision": machine["precision"],
     }
 
 
 def table(entries: list[dict]) -> str:
     lines = [
         "| side | prompts x samples | max new tokens | generated tokens | step s | generation s | update s "
-        "| gen tokens/s | update tokens/s | peak RSS MiB (trainer) | peak PSS MiB (all processes) | load avg |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| gen tokens/s | update tokens/s | peak RSS MiB (trainer) | peak PSS MiB (all processes) | load avg "
+        "| precision |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
         lines.append(
             f"| {e['side']} | {e['prompts']}x{e['samples']} | {e['new_tokens']} | {e['gen_tokens']:.0f} "
             f"| {fmt(e['step_seconds'], 1)} | {fmt(e['gen_seconds'], 1)} | {fmt(e['update_seconds'], 1)} "
             f"| {e['gen_tokens_per_s']:.0f} | {e['update_tokens_per_s']:.0f} "
-            f"| {e['peak_rss_mb']:.0f} | {e['peak_tree_pss_mb']:.0f} | {e['load_avg']:.1f} |"
+            f"| {e['peak_rss_mb']:.0f} | {e['peak_tree_pss_mb']:.0f} | {e['load_avg']:.1f} "
+            # Entries written before 2026-12-05 ran bf16 autocast on a Zen 4 (avx512_bf16) and did not record it.
+            f"| {e.get('precision', 'bf16')} |"
         )
     return "\n".join(lines)
 
@@ -234,6 +242,8 @@ def main(argv=None) -> None:
             if f"{shape[0]}x{shape[1]}:{shape[2]}" in trl:
                 plan.append(("trl", shape))
         done = read_results(results_path)
+        machine = machine_precision("cpu")
+        print(precision_line(machine), flush=True)
         print(
             f"load average at start: {load_average()}; threads {args.threads}; {len(plan)} runs", flush=True
         )
@@ -242,7 +252,13 @@ def main(argv=None) -> None:
                 print(f"{_key(side, shape)}: already in {results_path}", flush=True)
                 continue
             entry = measure(
-                side, shape, data=str(data), warmup=args.warmup, steps=args.steps, threads=args.threads
+                side,
+                shape,
+                data=str(data),
+                warmup=args.warmup,
+                steps=args.steps,
+                threads=args.threads,
+                machine=machine,
             )
             with results_path.open("a") as f:
                 f.write(json.dumps(entry) + "\n")

@@ -8,11 +8,13 @@ The workload (issue 8): the embedded model (SmolLM2-135M-Instruct, float32 maste
 prompts, 4 prompts x 8 samples, 64 new tokens, one optimizer update per rollout, temperature 1 / top-p 1 / top-k
 off, lr 2e-5, grad-norm clip 1, no KL term, the same math-verify reward (``tepo.rewards.MathRewardPool``, 2
 workers) on both sides, and the same loss: TEPO v1 = TRL's ``importance_sampling_level="sequence"`` with
-``loss_type="dapo"`` (token-mean over the batch), eps 0.2. Both sides run forward/backward under bf16 autocast
-with float32 weights (TRL: ``bf16=True``, its default; tepo: ``model.autocast_bf16``). Generation: TRL's
-``bf16=True`` makes accelerate wrap ``model.forward`` in bf16 autocast, and ``unwrap_model_for_generation``
-keeps that wrapper, so TRL *generates* under bf16 autocast too, as tepo's default preset does
-(``rollout.autocast_bf16: true``; ``ours_fp32_rollout`` switches it off).
+``loss_type="dapo"`` (token-mean over the batch), eps 0.2. Both sides run at the precision tepo's ``auto``
+picks on this machine (``tepo.precision``): forward/backward under bf16 autocast with float32 weights where the
+hardware computes bf16 natively (TRL: ``bf16=True``; tepo: ``model.autocast_bf16``), float32 elsewhere (TRL:
+``bf16=False``). Generation: TRL's ``bf16=True`` makes accelerate wrap ``model.forward`` in bf16 autocast, and
+``unwrap_model_for_generation`` keeps that wrapper, so TRL *generates* under bf16 autocast too, as tepo's
+``rollout.autocast_bf16=auto`` does there (``ours_fp32_rollout`` switches it off). The CPU model and flags and the
+precision are printed and written to ``--json``.
 With one update per rollout neither side runs a separate old-log-prob pass
 (TRL: ``steps_per_generation == gradient_accumulation_steps``; tepo: the update's forward supplies them).
 Micro-batches: 16 sequences on both sides (TRL: per-device batch 16 x 2 accumulation steps).
@@ -48,8 +50,10 @@ from _common import (
     emit,
     fmt,
     load_average,
+    machine_precision,
     median,
     peak_rss_mb,
+    precision_line,
     ratio,
     run_worker,
     set_threads,
@@ -137,7 +141,7 @@ def our_overrides(workload: dict, tmp: str) -> list[str]:
         f"train.seed={SEED}",
         f"optim.lr={LR}",
         "optim.max_grad_norm=1.0",
-        "model.autocast_bf16=true",
+        f"model.autocast_bf16={str(workload['bf16']).lower()}",  # what auto picks here, on both sides
         f"reward.num_workers={REWARD_WORKERS}",
         "eval.size=0",
         "train.save_every=0",
@@ -292,7 +296,7 @@ def _trl_worker(args, workload: dict) -> dict:
         config = GRPOConfig(
             output_dir=tmp,
             use_cpu=workload.get("device", "cpu") == "cpu",  # else accelerate puts the model on the GPU
-            bf16=True,
+            bf16=workload["bf16"],  # the precision tepo's auto picks here (tepo.precision), as tepo's side
             per_device_train_batch_size=micro,
             gradient_accumulation_steps=total // micro,
             num_generations=workload["samples"],
@@ -468,6 +472,9 @@ def main(argv=None) -> None:
         "steps": steps,
         "device": args.device,
     }
+    machine = machine_precision(args.device)
+    workload["bf16"] = machine["bf16"]
+    print(precision_line(machine), flush=True)
     print(f"workload {workload}, threads {args.threads}, rounds {rounds}, variants {variants}", flush=True)
     print(f"load average at start: {load_average()}", flush=True)
     runs: dict[str, list[dict]] = {v: [] for v in variants}
@@ -515,6 +522,7 @@ def main(argv=None) -> None:
             json.dumps(
                 {
                     "workload": workload,
+                    "machine": machine,
                     "threads": args.threads,
                     "loads": loads,
                     "summary": summary,

@@ -356,3 +356,29 @@ def _grad_with(name, mb, rows, extra, **options):
 def test_bad_options_are_refused_with_one_clear_message(name, options, message):
     with pytest.raises(ValueError, match=message):
         compute_policy_loss(name, **batch(), **options)
+
+
+# ---- verl's gpg and dro (#39) ----------------------------------------------------------------------------------
+
+
+def test_gpg_and_dro_value_and_gradient_by_hand():
+    logp = torch.tensor([[-1.0, -2.0], [-0.5, 0.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.5, -2.0], [-0.5, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([2.0, -1.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1], [1, 0]])
+    loss, _ = compute_policy_loss("gpg", logp=logp, old_logp=old, advantages=adv, mask=mask)
+    # token-mean over 3 tokens of -A*logp: (2*1 + 2*2 + (-1)*0.5) / 3 = 5.5 / 3; d/dlogp = -A/3.
+    assert float(loss.detach()) == pytest.approx(5.5 / 3, abs=1e-15)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-2 / 3, -2 / 3], [1 / 3, 0.0]], dtype=torch.float64))
+    logp.grad = None
+    loss, metrics = compute_policy_loss("dro", logp=logp, old_logp=old, advantages=adv, mask=mask, beta=0.4)
+    # Penalty 0.2*(0.5)^2 = 0.05 on token (0, 0) only: value (5.5 + 0.05) / 3; its gradient adds 0.4*0.5/3.
+    assert float(loss.detach()) == pytest.approx(5.55 / 3, abs=1e-15)
+    loss.backward()
+    torch.testing.assert_close(
+        logp.grad, torch.tensor([[-2 / 3 + 0.2 / 3, -2 / 3], [1 / 3, 0.0]], dtype=torch.float64)
+    )
+    assert metrics["dro_log_ratio_mean"] == pytest.approx(0.5 / 3)
+    with pytest.raises(ValueError, match="beta > 0"):
+        compute_policy_loss("dro", logp=logp, old_logp=old, advantages=adv, mask=mask, beta=0.0)

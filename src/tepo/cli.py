@@ -3,6 +3,7 @@
 tepo train [--config PRESET_OR_YAML] [key=value ...]     train (no arguments: the embedded default)
 tepo train --resume RUN_DIR [key=value ...]              continue a run from its last intact checkpoint
 tepo losses | estimators | presets                       what is registered
+tepo env [--json] [--bench]                              versions, hardware, what tepo picks here
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def _register_optional(sub) -> None:
     """Commands that live in their own modules (eval, compare, report) register themselves here when present."""
     import importlib
 
-    for module in ("tepo.evaluate.cli", "tepo.report.compare_cli", "tepo.report.cli"):
+    for module in ("tepo.evaluate.cli", "tepo.report.compare_cli", "tepo.report.cli", "tepo.env_report"):
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as err:

@@ -41,7 +41,10 @@ class LoraConfig:
 class ModelConfig:
     name: str | None = None  # Hugging Face name or local path; None = the embedded SmolLM2-135M-Instruct
     trust_remote_code: bool = False
-    autocast_bf16: bool = True  # bf16 autocast for forward/backward on CPU, float32 master weights
+    # bf16 autocast for the log-prob passes (forward/backward), float32 master weights. auto: on where the hardware
+    # computes bf16 natively (tepo.precision: avx512_bf16/amx_bf16, aarch64 bf16, CUDA Ampere+), off elsewhere,
+    # where emulated bf16 is up to 28x slower than float32. true/false force it.
+    autocast_bf16: bool | str = "auto"
     gradient_checkpointing: bool = True  # recompute layer activations in backward (less memory, same values)
     # Attention kernel for the log-prob passes: auto (eager on CPU for narrow micro-batches, where it is faster than
     # torch's CPU flash attention: docs/performance.md), eager, sdpa, or model (the loaded one).
@@ -76,16 +79,17 @@ class RolloutConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    # hf backend: generate under bf16 autocast (less CPU than float32 on the default workload, docs/performance.md,
-    # and the numerics the bf16-autocast update scores with). None: tepo.rollout.hf's
-    # per-device default. hf_max_batch_size: rows per generate call (None: all rows at once).
-    autocast_bf16: bool | None = True
+    # hf backend: generate under bf16 autocast (the numerics the bf16-autocast update scores with). auto (or None):
+    # on where the hardware computes bf16 natively (tepo.precision), as model.autocast_bf16.
+    # hf_max_batch_size: rows per generate call (None: all rows at once).
+    autocast_bf16: bool | str | None = "auto"
     hf_max_batch_size: int | None = None
     # backend "vllm" (a vLLM engine in a server process, tepo.rollout.vllm): its interpreter (None: this one if it
-    # has vllm, else .venv-vllm/bin/python from scripts/install_vllm_cpu.sh), its weights' dtype, and its KV-cache
+    # has vllm, else .venv-vllm/bin/python from scripts/install_vllm_cpu.sh), its weights' dtype (auto: bfloat16
+    # where the hardware computes bf16 natively, else float32; tepo.precision), and its KV-cache
     # budget in GiB (0.25 holds ~11k tokens of the embedded model; raise it for larger models or long responses).
     vllm_python: str | None = None
-    vllm_dtype: str = "bfloat16"
+    vllm_dtype: str = "auto"
     vllm_kv_cache_gb: float | None = 0.25  # None: vLLM sizes it (on GPU from its gpu_memory_utilization)
     # On a CUDA run: the share of the GPU's memory the engine may take (weights, activations, its KV cache); the
     # trainer keeps the rest (both printed at start). 0.3 leaves a 0.5B model's full fine-tuning 70% of the GPU.
@@ -442,6 +446,7 @@ def validate(config: RunConfig) -> list[str]:
     from tepo.advantages import ADVANTAGE_ESTIMATORS
     from tepo.lora import lora_config_errors
     from tepo.losses import KL_ESTIMATORS, POLICY_LOSSES
+    from tepo.precision import config_precision_errors
     from tepo.rollout import rollout_config_errors
 
     errors = []
@@ -457,6 +462,7 @@ def validate(config: RunConfig) -> list[str]:
         "train.max_bad_steps": c.train.max_bad_steps,
     }
     errors += [f"{key}: must be >= 1, got {value}" for key, value in positive.items() if value < 1]
+    errors += config_precision_errors(c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm_dtype)
     if c.rollout.temperature <= 0:
         errors.append(f"rollout.temperature: must be > 0, got {c.rollout.temperature}")
     if not 0 < c.rollout.top_p <= 1:
@@ -768,9 +774,10 @@ def config_warnings(config: RunConfig) -> list[str]:
     return notes
 
 
-def save_config(config: RunConfig, path: Path) -> None:
+def save_config(config: RunConfig, path: Path, *, header: str | None = None) -> None:
     """Write ``config.yaml`` atomically: a run killed mid-write keeps the old file (or none), never half of one,
-    so ``tepo train --resume`` can always read it."""
+    so ``tepo train --resume`` can always read it. ``header``: a comment written above the keys (the run's
+    resolved precision and why)."""
     import os
 
     data = config.to_dict()
@@ -778,6 +785,8 @@ def save_config(config: RunConfig, path: Path) -> None:
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as handle:
+        if header:
+            handle.write("".join(f"# {line}\n" for line in header.splitlines()))
         handle.write(yaml.safe_dump(data, sort_keys=False))
         handle.flush()
         os.fsync(handle.fileno())

@@ -146,7 +146,7 @@ def register(subparsers) -> None:
         "--dtype",
         default="auto",
         choices=("auto", "float32", "bfloat16", "float16"),
-        help="model weights dtype (default: bfloat16 on CUDA, float32 on CPU)",
+        help="model weights dtype (default auto: float32 on CPU, bfloat16 on a GPU that computes it natively)",
     )
     p.add_argument(
         "--rollout",
@@ -244,8 +244,12 @@ def _device_and_dtype(args):
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.dtype == "auto":
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if args.dtype == "auto":  # tepo.precision decides: float32 on the CPU, bf16 on a GPU with native bf16
+        from tepo.precision import evaluation_dtype
+
+        name, reason = evaluation_dtype(device)
+        print(f"precision: {name} weights ({reason}; --dtype chooses another)", file=sys.stderr)
+        dtype = getattr(torch, name)
     else:
         dtype = getattr(torch, args.dtype)
     return device, dtype
@@ -275,7 +279,8 @@ def run_eval(args) -> int:
         )
         rollout_config = RolloutConfig(
             backend=args.rollout,
-            # HF generate runs the model as loaded (--dtype), with the backend's per-device autocast default.
+            # HF generate runs the model as loaded (--dtype), with tepo.precision's standalone autocast default
+            # (off on the CPU, on where a GPU computes bf16 natively).
             autocast_bf16=None,
             hf_max_batch_size=args.max_rows,
             # A vLLM engine computes in the model's --dtype too (float32 on CPU unless --dtype bfloat16, which

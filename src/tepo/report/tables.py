@@ -26,4 +26,8 @@ def training_summary_table(summary: dict) -> str:
     table = format_table(["metric", "before", "after"], rows)
     per_step = summary.get("seconds_per_step_median")
     tail = f"\nsteps: {summary.get('steps')}   median time per step: {format_cell(per_step)} s"
+    precision = summary.get("precision")
+    if isinstance(precision, dict):  # runs since 2026-12-05 record it (tepo.precision)
+        kind = "bf16 autocast" if precision.get("model_autocast_bf16") else "float32"
+        tail += f"   precision: {kind} on {precision.get('hardware', '?')}"
     return table + tail

@@ -8,12 +8,8 @@ import time
 import torch
 from torch import Tensor
 
+from tepo.precision import standalone_generate_autocast
 from tepo.rollout.base import RolloutBatch, check_generate_request, eos_token_ids
-
-# The per-device default when autocast_bf16 is None. On CPU, bf16 autocast was slower with torch's default two
-# threads and faster with one (docs/performance.md); float32 also keeps the sampler identical to a float32 trainer.
-# On CUDA bf16 is the usual win (not measured here: no GPU). The trainer's config sets it explicitly.
-_BF16_AUTOCAST_DEFAULT = {"cpu": False, "cuda": True}
 
 
 class HFRollout:
@@ -33,8 +29,8 @@ class HFRollout:
     caller's global RNG state is left exactly as it was. With ``seed=None`` the global RNG is used (and advanced).
     Samples depend on how rows are batched (padding changes float rounding), not only on the seed.
 
-    ``autocast_bf16=None`` picks the faster setting measured for the model's device type (CPU: off, CUDA: on);
-    see the comment above ``_BF16_AUTOCAST_DEFAULT``. Under bf16 autocast the sampler's distribution
+    ``autocast_bf16=None`` (or ``"auto"``) asks :func:`tepo.precision.standalone_generate_autocast` (CPU: off,
+    CUDA: on where the GPU computes bf16 natively). Under bf16 autocast the sampler's distribution
     differs slightly from the float32 policy that :func:`tepo.logprobs.response_logprobs` scores.
 
     Behaviour log-probs (``return_logprobs=True``): ``log_softmax`` of the scores ``generate`` sampled from
@@ -86,9 +82,12 @@ class HFRollout:
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        device_type = self.device.type
+        # None/"auto": tepo.precision decides (float32 on the CPU, bf16 on a GPU that computes it natively); the
+        # trainer passes its resolved rollout.autocast_bf16.
         self.autocast_bf16 = (
-            _BF16_AUTOCAST_DEFAULT.get(device_type, False) if autocast_bf16 is None else bool(autocast_bf16)
+            standalone_generate_autocast(str(self.device))
+            if autocast_bf16 is None or autocast_bf16 == "auto"
+            else bool(autocast_bf16)
         )
         self.pad_token_id = int(tokenizer.pad_token_id)
         self.eos_token_ids = eos_token_ids(model, tokenizer)

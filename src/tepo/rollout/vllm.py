@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from tepo.device import gpu_share_note, visible_device_for_child
+from tepo.precision import native_bf16
 from tepo.rollout.base import (
     RolloutBatch,
     RolloutError,
@@ -203,7 +204,8 @@ def _weights_version(model) -> tuple:
 class VLLMRollout:
     """Sampling with vLLM in a server process; same interface and batch layout as :class:`tepo.rollout.HFRollout`.
 
-    ``dtype``: the engine's weights ("bfloat16" or "float32"). ``kv_cache_gb``: vLLM's KV-cache budget
+    ``dtype``: the engine's weights ("bfloat16", "float32", or "auto": bfloat16 where the model's device computes
+    bf16 natively, else float32; :func:`tepo.precision.native_bf16`). ``kv_cache_gb``: vLLM's KV-cache budget
     (``kv_cache_memory_bytes``; 0.25 GB holds about 11,000 tokens of the embedded model, whose KV cache is
     23 KB per token in bf16). ``python``: the server's interpreter (see :func:`find_vllm_python`).
     ``log_path``: where the server's own output goes (a temporary file if None). ``autocast_bf16`` is accepted for
@@ -220,7 +222,7 @@ class VLLMRollout:
         tokenizer,
         *,
         python: str | None = None,
-        dtype: str = "bfloat16",
+        dtype: str = "auto",
         kv_cache_gb: float | None = 0.25,
         max_model_len: int | None = None,
         startup_timeout_s: float = 900.0,
@@ -233,6 +235,8 @@ class VLLMRollout:
         chunked_prefill: str = "auto",
     ):
         del autocast_bf16
+        if dtype == "auto":  # the hardware's choice (tepo.precision); a trainer passes its resolved value
+            dtype = "bfloat16" if native_bf16(str(next(model.parameters()).device)).native else "float32"
         if tokenizer.pad_token_id is None:
             raise ValueError(
                 "the tokenizer has no pad token; load it with tepo.models.load_model_and_tokenizer"
@@ -373,8 +377,8 @@ class VLLMRollout:
     def config_errors(cls, rollout_config) -> list[str]:
         """Problems with the ``rollout.vllm_*`` keys (checked whatever the backend, so a typo never waits)."""
         r, errors = rollout_config, []
-        if r.vllm_dtype not in VLLM_DTYPES:
-            errors.append(f"rollout.vllm_dtype: expected bfloat16, float16 or float32, got {r.vllm_dtype!r}")
+        if r.vllm_dtype not in (*VLLM_DTYPES, "auto"):
+            errors.append(f"rollout.vllm_dtype: expected auto, bfloat16, float16 or float32, got {r.vllm_dtype!r}")
         if r.vllm_kv_cache_gb is not None and not r.vllm_kv_cache_gb > 0:
             errors.append(f"rollout.vllm_kv_cache_gb: must be > 0, got {r.vllm_kv_cache_gb}")
         if not 0 < r.vllm_gpu_memory_utilization < 1:

@@ -152,7 +152,7 @@ def _reload(llm, request: dict) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="folder with config.json and model.safetensors")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", required=True)  # chosen by tepo.rollout.vllm (tepo.precision), never here
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)

@@ -45,6 +45,7 @@ from tepo.data import PromptStream
 from tepo.losses import get_policy_loss
 from tepo.losses.rollout_correction import correction_needs_old_pass, resolve_rollout_correction
 from tepo.metrics import MetricsLog, read_metrics, truncate_metrics
+from tepo.precision import Precision, resolve_precision
 from tepo.rewards import MathRewardPool
 from tepo.rollout.base import RolloutError
 from tepo.training.collect import Collected, OverlongShaping, SamplerSettings
@@ -95,16 +96,23 @@ class Trainer:
 
     # ---- set-up ---------------------------------------------------------------------------------------------
 
-    def __init__(self, config: RunConfig, run_dir: Path, *, log=print):
+    def __init__(self, config: RunConfig, run_dir: Path, *, log=print, precision: RunPrecision | None = None):
         from tepo.models import load_model_and_tokenizer
         from tepo.rollout import make_rollout_from_config
         from tepo.rollout.registry import choose_rollout_backend
 
-        c = self.config = config
         self.device = run_device(config)  # first: a missing GPU is one line, before anything loads
+        # Precision "auto" becomes the hardware's choice here (tepo.precision); train()/resume() pass what they
+        # resolved and recorded in the run directory.
+        precision = precision or resolve_run_precision(config, self.device)
+        c = self.config = precision.config
+        self.precision = precision.precision
         self.run_dir = Path(run_dir)
         self.log = log
-        for note in config_warnings(config):
+        log(self.precision.banner())
+        for note in precision.warnings:
+            log(f"warning: {note}")
+        for note in config_warnings(c):
             log(f"note: {note}")
         self.train_problems, self.eval_problems = load_datasets(config)
         torch.manual_seed(c.train.seed)
@@ -416,6 +424,7 @@ class Trainer:
             metrics_log.close()
             self.rollout.close()  # the vLLM backend's server process
         summary = summarize(self.run_dir, before, after)
+        summary["precision"] = self.precision.as_dict()
         if self.inexact_resume_at_step is not None:
             summary["resumed_without_optimizer_at_step"] = self.inexact_resume_at_step
         atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
@@ -505,17 +514,21 @@ def device_note(device: torch.device, model) -> str:
 
 def train(config: RunConfig, *, run_dir: Path | None = None, log=print) -> TrainResult:
     """Start a new run (or continue ``run_dir`` if it holds one)."""
-    run_device(config)  # a missing device fails before the run directory is made
+    device = run_device(config)  # a missing device fails before the run directory is made
+    # The run directory records the resolved precision (config.yaml's values, precision.json's reason and
+    # hardware): a resumed run keeps it, wherever it resumes.
+    precision = resolve_run_precision(config, device)
+    config = precision.config
     if run_dir is None:
         run_dir = make_run_dir(config)
         # A new run: write its config even over one left by a start that failed (bad data, a refused model),
         # or a later --resume would use the failed command's settings.
-        save_config(config, run_dir / "config.yaml")
+        _save_run_config(config, run_dir, precision.precision)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").exists():
-        save_config(config, run_dir / "config.yaml")
-    return Trainer(config, run_dir, log=log).run()
+        _save_run_config(config, run_dir, precision.precision)
+    return Trainer(config, run_dir, log=log, precision=precision).run()
 
 
 def resume(run_dir: Path, overrides: list[str] | None = None, *, log=print) -> TrainResult:
@@ -524,6 +537,75 @@ def resume(run_dir: Path, overrides: list[str] | None = None, *, log=print) -> T
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
     config = load_config(str(run_dir / "config.yaml"), overrides)
+    precision = resolve_run_precision(config, run_device(config), recorded=read_run_precision(run_dir))
+    config = precision.config
     if overrides:
-        save_config(config, run_dir / "config.yaml")
-    return Trainer(config, run_dir, log=log).run()
+        _save_run_config(config, run_dir, precision.precision)
+    return Trainer(config, run_dir, log=log, precision=precision).run()
+
+
+PRECISION_FILE = "precision.json"
+
+
+@dataclass
+class RunPrecision:
+    """A run's config with its precision resolved, the resolution, and the warning lines to print at start."""
+
+    config: RunConfig
+    precision: Precision
+    warnings: list[str]
+
+
+def resolve_run_precision(config: RunConfig, device, *, recorded: dict | None = None) -> RunPrecision:
+    """``config`` with ``model.autocast_bf16``, ``rollout.autocast_bf16`` and ``rollout.vllm_dtype`` resolved for
+    ``device`` by :func:`tepo.precision.resolve_precision` (``auto`` -> the hardware's choice).
+
+    ``recorded``: the run directory's ``precision.json`` when resuming. Its values are already in the saved config
+    (explicit there), so the run keeps the precision it started with; the reason then says where it was chosen, and
+    a precision that is slow on this machine is said in one line instead of the explicit-setting warning.
+    """
+    import dataclasses
+
+    precision, warnings = resolve_precision(
+        config.model.autocast_bf16, config.rollout.autocast_bf16, config.rollout.vllm_dtype, str(device)
+    )
+    if recorded is not None:
+        slow = (
+            " (bf16 is emulated on this machine, where it is up to 28x slower than float32)"
+            if warnings
+            else ""
+        )
+        warnings = (
+            [
+                f"this run keeps the precision it started with on {recorded.get('hardware', 'another machine')} "
+                f"(recorded in {PRECISION_FILE}){slow}"
+            ]
+            if warnings or recorded.get("hardware") != precision.hardware
+            else []
+        )
+        precision = dataclasses.replace(
+            precision,
+            reason=f"kept from the run's start: {recorded.get('reason', '?')}; now on {precision.hardware}",
+        )
+    resolved = dataclasses.replace(
+        config,
+        model=dataclasses.replace(config.model, autocast_bf16=precision.model_autocast_bf16),
+        rollout=dataclasses.replace(
+            config.rollout, autocast_bf16=precision.rollout_autocast_bf16, vllm_dtype=precision.vllm_dtype
+        ),
+    )
+    return RunPrecision(resolved, precision, warnings)
+
+
+def _save_run_config(config: RunConfig, run_dir: Path, precision: Precision) -> None:
+    save_config(config, Path(run_dir) / "config.yaml", header=precision.banner())
+    atomic_write_text(Path(run_dir) / PRECISION_FILE, json.dumps(precision.as_dict(), indent=2))
+
+
+def read_run_precision(run_dir: Path) -> dict | None:
+    """A run directory's recorded precision (None for runs made before it was recorded, 2026-12-05)."""
+    path = Path(run_dir) / PRECISION_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
