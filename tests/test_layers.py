@@ -39,6 +39,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                 "lora",
                 "hub",
                 "device",  # train.device resolution: torch only
+                "precision",  # precision auto: the CPU's flags / the GPU, torch only
                 "metrics",
                 "checkpoint",
                 "batch",
@@ -50,7 +51,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
     ("config", frozenset({"config"})),
     ("train", frozenset({"training", "train", "evaluate", "integrations"})),
     ("compare/report", frozenset({"compare", "report"})),
-    ("cli", frozenset({"cli", "__main__", ""})),
+    ("cli", frozenset({"cli", "__main__", "", "env_report"})),  # env_report: `tepo env`, reads every layer
 ]
 
 # Known upward imports, each with the reason it is still there. The test fails on any import not listed here,

@@ -263,8 +263,13 @@ PRECISION_NAMES = {"autocast_bf16", "vllm_dtype", "dtype", "bf16"}
 NEUTRAL = {"auto", None, "float32", False}
 # bf16 written as a default on purpose, with the reason.
 ALLOWED = {
-    ("benchmarks/bench_vllm_lora.py", "call", "dtype"): "a finished study of the bf16 engine's LoRA path: bf16 is "
+    (
+        "benchmarks/bench_vllm_lora.py",
+        "call",
+        "dtype",
+    ): "a finished study of the bf16 engine's LoRA path: bf16 is "
     "what it measured (docs/results/async-and-lora)",
+    ("benchmarks/bench_precision.py", "call", "autocast_bf16"): "measures float32 against bf16 on purpose",
 }
 
 
@@ -304,7 +309,7 @@ def _literal_defaults(path: Path):
         ):  # a dotted override "x.autocast_bf16=true"
             for name in ("autocast_bf16", "vllm_dtype"):
                 head, sep, value = node.value.partition(f"{name}=")
-                if sep and head.endswith(".") and " " not in head:
+                if sep and value and head.endswith(".") and " " not in head:  # value "": an f-string's field
                     yield "override", name, {"true": True, "false": False}.get(value, value)
 
 
