@@ -104,7 +104,7 @@ from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, estimator_
 from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, check_advantage_settings, plan_loss
 from tepo.integrations.trl_metrics import TrlMetrics
 from tepo.integrations.trl_metrics import column as adv_column
-from tepo.losses import compute_policy_loss, get_policy_loss, mini_batch_stats
+from tepo.losses import aggregate, compute_policy_loss, get_policy_loss, mini_batch_stats
 
 logger = logging.getLogger(__name__)
 
@@ -400,8 +400,8 @@ class TepoGRPOTrainer(GRPOTrainer):
         tensors = dict(logp=logps, old_logp=old_logps, advantages=inputs["advantages"], mask=mask)
         batch_stats, entropy_keep = None, None
         if options.get("top_entropy_quantile") is not None:
-            # TRL's selection: the quantile of this micro-batch's entropies over all processes (in float32, as
-            # TRL computes it), not tepo's optimizer mini-batch: the adapter follows TRL here.
+            # TRL's selection, by TRL's own get_high_entropy_mask: the quantile of this micro-batch's entropies
+            # over all processes (float32 torch.quantile), not tepo's optimizer mini-batch (float64).
             threshold = self._trl_entropy_threshold(entropies, mask, options["top_entropy_quantile"])
             stats = mini_batch_stats(
                 self.loss_name, **tensors, entropy=entropies, rollout_logp=rollout_logp, **options
@@ -449,15 +449,13 @@ class TepoGRPOTrainer(GRPOTrainer):
         return loss
 
     def _trl_entropy_threshold(self, entropies: torch.Tensor, mask: torch.Tensor, rho: float) -> float:
-        """TRL's ``get_high_entropy_mask`` threshold: the (1 - rho) quantile (float32) of every process's loss
-        tokens' entropies in this micro-batch; +inf (nothing kept) when there are none, as TRL."""
-        local = entropies.detach()[mask].float()
-        pad = -1e9  # entropies are >= 0, so the sentinel cannot collide
-        gathered = self.accelerator.gather(self.accelerator.pad_across_processes(local, dim=0, pad_index=pad))
-        gathered = gathered[gathered != pad]
-        if gathered.numel() == 0:
+        """A threshold selecting exactly the tokens TRL's own ``get_high_entropy_mask`` keeps (called unmodified:
+        the float32 (1 - rho) quantile of every process's loss tokens' entropies in this micro-batch): the smallest
+        kept entropy, as ``H >= it`` keeps the same set; +inf (nothing kept) when TRL keeps none."""
+        kept = GRPOTrainer.get_high_entropy_mask(self, entropies.detach(), mask, 1.0 - rho)
+        if not bool(kept.any()):
             return math.inf
-        return float(torch.quantile(gathered, 1.0 - rho))
+        return float(entropies.detach()[kept].min())
 
     def _trl_entropy_coef_now(self) -> float:
         """TRL's coefficient for this micro-batch: ``entropy_coef``, or with ``use_adaptive_entropy`` the value set
@@ -492,9 +490,7 @@ class TepoGRPOTrainer(GRPOTrainer):
     def _trl_entropy_mean(entropies: torch.Tensor, mask: torch.Tensor, accumulation: float) -> torch.Tensor:
         """TRL's entropy bonus: the token mean of H over this micro-batch's (selected) loss tokens, divided by
         gradient accumulation, whatever the loss's aggregation (tepo's ``entropy_coef`` follows the loss's)."""
-        zero = torch.zeros((), dtype=entropies.dtype, device=entropies.device)
-        total = torch.where(mask, entropies, zero).sum()
-        return total / mask.sum().clamp(min=1).to(entropies.dtype) / accumulation
+        return aggregate(entropies, mask, "token-mean") / accumulation
 
     def _log_trl_metrics(self, mode, tensors, inputs, entropies, without_entropy, accumulation) -> None:
         """TRL's own metric names with TRL's meaning (`tepo.integrations.trl_metrics`), beside ``tepo/*``."""
