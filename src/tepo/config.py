@@ -90,7 +90,7 @@ class RolloutConfig:
     # budget in GiB (0.25 holds ~11k tokens of the embedded model; raise it for larger models or long responses).
     vllm_python: str | None = None
     vllm_dtype: str = "auto"
-    vllm_kv_cache_gb: float | None = 0.25  # None: vLLM sizes it (on GPU from its gpu_memory_utilization)
+    vllm_kv_cache_gb: float | None = 0.25  # CPU only (None: vLLM sizes it); on CUDA from vllm_gpu_memory_utilization
     # On a CUDA run: the share of the GPU's memory the engine may take (weights, activations, its KV cache); the
     # trainer keeps the rest (both printed at start). 0.3 leaves a 0.5B model's full fine-tuning 70% of the GPU.
     vllm_gpu_memory_utilization: float = 0.3

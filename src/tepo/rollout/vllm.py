@@ -201,13 +201,37 @@ def _weights_version(model) -> tuple:
     return tuple((id(p), p._version) for p in model.parameters())
 
 
+def engine_memory_options(
+    device_type: str, *, kv_cache_gb: float | None, gpu_memory_utilization: float
+) -> dict[str, object]:
+    """The server's memory and execution arguments for an engine on ``device_type`` (issue #35, item 2).
+
+    CPU: the KV cache is ``kv_cache_gb`` (vLLM's CPU default would be a share of the host's RAM) and the engine
+    runs eagerly (start-up was 14 s eager against 72 s compiled on the CPU build).
+
+    CUDA: the KV cache is whatever ``gpu_memory_utilization`` leaves after the weights and activations, as the
+    start banner (:func:`tepo.device.gpu_share_note`) says. ``kv_cache_gb`` is *not* passed: vLLM's
+    ``kv_cache_memory_bytes`` overrides the utilization, and the CPU-sized 0.25 GB default would hold about 9,000
+    tokens for Qwen2.5-1.5B, a few rows of long responses, so throughput would collapse. CUDA graphs stay on
+    (``--enforce-eager 0``): decoding at small batch is launch-bound without them, and their capture (tens of
+    seconds) is paid once per server.
+    """
+    if device_type == "cuda":
+        return {"--gpu-memory-utilization": float(gpu_memory_utilization), "--enforce-eager": 0}
+    options: dict[str, object] = {"--enforce-eager": 1}
+    if kv_cache_gb is not None:  # else vLLM sizes it
+        options["--kv-cache-bytes"] = int(kv_cache_gb * 2**30)
+    return options
+
+
 class VLLMRollout:
     """Sampling with vLLM in a server process; same interface and batch layout as :class:`tepo.rollout.HFRollout`.
 
     ``dtype``: the engine's weights ("bfloat16", "float32", or "auto": bfloat16 where the model's device computes
     bf16 natively, else float32; :func:`tepo.precision.native_bf16`). ``kv_cache_gb``: vLLM's KV-cache budget
-    (``kv_cache_memory_bytes``; 0.25 GB holds about 11,000 tokens of the embedded model, whose KV cache is
-    23 KB per token in bf16). ``python``: the server's interpreter (see :func:`find_vllm_python`).
+    on the CPU (``kv_cache_memory_bytes``; 0.25 GB holds about 11,000 tokens of the embedded model, whose KV cache
+    is 23 KB per token in bf16); not used on CUDA, where the cache is sized from ``gpu_memory_utilization``
+    (:func:`engine_memory_options`). ``python``: the server's interpreter (see :func:`find_vllm_python`).
     ``log_path``: where the server's own output goes (a temporary file if None). ``autocast_bf16`` is accepted for
     interface compatibility and ignored (the engine's dtype decides). ``own_core``: bind the engine to one core of
     its own (for rollouts overlapped with the update); ``trainer_cores`` then lists the cores left to the trainer.
@@ -280,6 +304,7 @@ class VLLMRollout:
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self._log_path, "ab")  # noqa: SIM115 - the child keeps it; closed below after the fork
         try:
+            device = next(model.parameters()).device
             options = {
                 "--model": self._weights_dir,
                 "--dtype": dtype,
@@ -293,14 +318,12 @@ class VLLMRollout:
                 # "auto": off on CPU, where a seeded request split over engine steps crashes vLLM 0.32
                 # (vllm_server._whole_prefill_settings); "on" only for unseeded requests (benchmarks).
                 "--chunked-prefill": chunked_prefill,
+                **engine_memory_options(
+                    device.type, kv_cache_gb=kv_cache_gb, gpu_memory_utilization=gpu_memory_utilization
+                ),
             }
-            if kv_cache_gb is not None:  # else vLLM sizes it (on GPU: from gpu_memory_utilization)
-                options["--kv-cache-bytes"] = int(kv_cache_gb * 2**30)
             env = _server_env(engine_cores(own_core))
-            device = next(model.parameters()).device
-            # On a CUDA model: the trainer's GPU, of which the engine may take this share (tepo.device).
-            if device.type == "cuda":
-                options["--gpu-memory-utilization"] = float(gpu_memory_utilization)
+            if device.type == "cuda":  # the trainer's GPU (tepo.device)
                 env["CUDA_VISIBLE_DEVICES"] = visible_device_for_child(device)
             self._proc = subprocess.Popen(
                 [python, str(SERVER_SCRIPT), *(str(x) for item in options.items() for x in item)],

@@ -150,6 +150,17 @@ def _reload(llm, request: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return _serve(args)
+    finally:
+        if args.remove_model_dir_at_exit:
+            # The trainer's copy of the weights for this server only; it cannot remove it if it was killed.
+            shutil.rmtree(args.model, ignore_errors=True)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The server's command line (built by tepo.rollout.vllm.VLLMRollout)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="folder with config.json and model.safetensors")
     parser.add_argument("--dtype", required=True)  # chosen by tepo.rollout.vllm (tepo.precision), never here
@@ -158,18 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--kv-cache-bytes", type=int, default=None, help="KV-cache budget (default: vLLM's)")
     parser.add_argument(
+        "--enforce-eager", type=int, choices=(0, 1), default=1, help="1: no CUDA graphs / compile (CPU)"
+    )
+    parser.add_argument(
         "--chunked-prefill", choices=("auto", "on", "off"), default="auto", help="see _whole_prefill_settings"
     )
     parser.add_argument("--in-fd", type=int, required=True)
     parser.add_argument("--out-fd", type=int, required=True)
     parser.add_argument("--remove-model-dir-at-exit", type=int, default=0, help="1: delete --model on exit")
-    args = parser.parse_args(argv)
-    try:
-        return _serve(args)
-    finally:
-        if args.remove_model_dir_at_exit:
-            # The trainer's copy of the weights for this server only; it cannot remove it if it was killed.
-            shutil.rmtree(args.model, ignore_errors=True)
+    return parser
 
 
 def _exit_with_parent(weights_dir: str | None) -> None:
@@ -213,9 +221,9 @@ def _serve(args) -> int:
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             seed=args.seed,
-            # CUDA graphs / torch.compile take minutes to build and pay off only for long runs; eager start-up
-            # was 14 s against 72 s compiled on the CPU build.
-            enforce_eager=True,
+            # Chosen per device by tepo.rollout.vllm.engine_memory_options: eager on the CPU (start-up was 14 s
+            # against 72 s compiled on the CPU build), CUDA graphs on a GPU.
+            enforce_eager=bool(args.enforce_eager),
             # Token ids in, token ids out: tepo tokenizes and decodes with its own tokenizer.
             skip_tokenizer_init=True,
             # Log-probs after temperature and top-p, the distribution actually sampled from (what the HF

@@ -1,0 +1,38 @@
+"""The vLLM server's arguments per device (issue #35, item 2): CPU-sized on the CPU, GPU-sized on CUDA.
+
+On CUDA vLLM's ``kv_cache_memory_bytes`` overrides ``gpu_memory_utilization``: passing the CPU default of 0.25 GB
+there left about 9,000 tokens of cache for Qwen2.5-1.5B and made the start banner's memory split untrue; and
+``enforce_eager`` turned CUDA graphs off. No GPU is needed to check the arguments that are built.
+"""
+
+from __future__ import annotations
+
+from tepo.rollout import vllm_server
+from tepo.rollout.vllm import engine_memory_options
+
+
+def _parsed(options: dict):
+    argv = ["--model", "m", "--dtype", "bfloat16", "--in-fd", "3", "--out-fd", "4"]
+    argv += [str(x) for item in options.items() for x in item]
+    return vllm_server.parser().parse_args(argv)
+
+
+def test_cpu_keeps_the_kv_budget_and_eager_mode():
+    options = engine_memory_options("cpu", kv_cache_gb=0.25, gpu_memory_utilization=0.3)
+    assert options == {"--enforce-eager": 1, "--kv-cache-bytes": 2**28}
+    args = _parsed(options)
+    assert args.enforce_eager == 1 and args.kv_cache_bytes == 2**28
+    # None: vLLM sizes it; eager either way
+    assert engine_memory_options("cpu", kv_cache_gb=None, gpu_memory_utilization=0.3) == {"--enforce-eager": 1}
+
+
+def test_cuda_sizes_the_cache_from_the_utilization_and_keeps_cuda_graphs():
+    options = engine_memory_options("cuda", kv_cache_gb=0.25, gpu_memory_utilization=0.45)
+    assert "--kv-cache-bytes" not in options  # it would override the utilization
+    assert options == {"--gpu-memory-utilization": 0.45, "--enforce-eager": 0}
+    args = _parsed(options)
+    assert args.enforce_eager == 0 and args.kv_cache_bytes is None and args.gpu_memory_utilization == 0.45
+
+
+def test_the_server_defaults_to_eager_when_not_told():
+    assert _parsed({}).enforce_eager == 1
