@@ -10,6 +10,8 @@ or asserts the documented difference where they are not. docs/parity.md lists th
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -179,20 +181,41 @@ def test_sequence_level_trl_weights_its_kl_by_the_sequence_ratio(tiny_model_dir,
 
 def test_grpo_batch_std_equals_trls_batch_scaled_advantage(tiny_model_dir, tmp_path):
     """TRL ``scale_rewards="batch"`` (group mean, std of the whole batch, ``+ 1e-4``) is ``grpo_batch_std`` with
-    ``eps=1e-4``, on TRL's own generation and rewards; our default ``eps=1e-6`` differs only in that constant."""
+    ``eps=1e-4``, on TRL's own generation and rewards, at float64: TRL's reward code builds its rewards in float32
+    (``torch.zeros``), so the test hands TRL's scaling (``_generate_and_score_completions``, unmodified) those
+    rewards cast to float64 (exact) and compares at rtol 1e-12 once TRL's float32 Bessel factor is accounted for
+    (its ``nanstd`` divides two integer counts in the default float32: relative < 4e-8 on the std). Our default
+    ``eps=1e-6`` differs only in that constant."""
     trainer = _trainer(tiny_model_dir, tmp_path, scale_rewards="batch", beta=0.0)
+    seen: list[torch.Tensor] = []
+
+    def rewards_in_float64(*args):
+        rewards = GRPOTrainer._calculate_rewards(trainer, *args).double()  # TRL's own reward code
+        seen.append(rewards)
+        return rewards
+
+    trainer._calculate_rewards = rewards_in_float64
     prompts = [{"prompt": "2 + 3 ="}] * 2 + [{"prompt": "Name a prime:"}] * 2
     for _ in range(5):  # sample until the batch's rewards are not all equal (it almost always is at once)
-        SCORED.clear()
+        seen.clear()
         out = trainer._generate_and_score_completions(prompts)
-        assert len(SCORED) == 1
-        rewards = torch.tensor(SCORED[0], dtype=torch.float32)
+        assert len(seen) == 1
+        rewards = seen[0][:, 0]
         if rewards.std() > 0:
             break
     assert rewards.std() > 0, "five generations gave equal rewards: cannot compare the scaling"
-    trl_adv = out["advantages"].float()
+    trl_adv = out["advantages"]
+    assert trl_adv.dtype == torch.float64
     ours = compute_advantages("grpo_batch_std", rewards, 2, eps=1e-4)
-    torch.testing.assert_close(ours, trl_adv, rtol=1e-6, atol=1e-7)
+    # TRL's nanstd computes Bessel's factor n / (n - 1) as int / int, i.e. in float32 even for float64 rewards:
+    # its std is ours * sqrt(float32(c) / c). That is the only difference (relative < 4e-8).
+    n = rewards.numel()
+    bessel = n / (n - 1)
+    std = float(rewards.std())
+    trl_std = std * math.sqrt(float(torch.tensor(bessel, dtype=torch.float32)) / bessel)
+    assert 0 < abs(trl_std / std - 1) < 4e-8
+    torch.testing.assert_close(ours * (std + 1e-4) / (trl_std + 1e-4), trl_adv, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(ours, trl_adv, rtol=4e-8, atol=0)
     default = compute_advantages("grpo_batch_std", rewards, 2)
-    std = float(rewards.double().std())
-    torch.testing.assert_close(default, ours * (std + 1e-4) / (std + 1e-6), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(default, ours * (std + 1e-4) / (std + 1e-6), rtol=1e-12, atol=1e-15)
+    assert not torch.allclose(default, ours, rtol=1e-6, atol=0)
