@@ -422,3 +422,59 @@ def test_real_comparison_tiny(tmp_path):
     assert [o.action for o in again] == ["reused", "reused"]
     table = build_table(discover_runs(tmp_path))
     assert {r["method"] for r in table["rows"]} == {"grpo", "tepo"}
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Precision (tepo.precision): runs of different precision share a table only with a column, and are never paired
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _record_precision(run_dir: Path, bf16: bool) -> None:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["precision"] = {"model_autocast_bf16": bf16, "hardware": "AMD EPYC 7B13" if not bf16 else "Zen 4"}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_runs_of_one_precision_get_no_column(comparison):
+    table = build_table(discover_runs(comparison), threshold=0.25)
+    assert table["precision"] == {"mixed": False, "unpaired": []}
+    assert "precision" not in render_markdown(table).splitlines()[0]
+
+
+def test_mixed_precision_is_a_column_and_is_not_paired(comparison):
+    for seed in range(3):
+        _record_precision(comparison / "grpo" / f"seed{seed}", bf16=True)
+    _record_precision(
+        comparison / "tepo" / "seed0", bf16=False
+    )  # seed 1: config.yaml {} -> bf16 (old default)
+    table = build_table(discover_runs(comparison), threshold=0.25, reference="grpo")
+    assert table["precision"]["mixed"] is True
+    assert table["precision"]["unpaired"] == ["tepo/seed0 (float32) vs grpo (bf16)"]
+    tepo = next(r for r in table["rows"] if r["method"] == "tepo")
+    assert tepo["precision"] == ["bf16", "float32"]
+    # Only seed 1 is differenced: 0.5 - 0.4.
+    assert tepo["cells"]["held_out_delta"]["n"] == 1
+    assert tepo["cells"]["held_out_delta"]["mean"] == pytest.approx(0.1)
+    text = render_markdown(table)
+    header = text.splitlines()[0]
+    assert [c.strip() for c in header.split("|")][3] == "precision"
+    assert re.search(r"\| tepo +\| 2 +\| bf16/float32 +\|", text)
+    assert "not paired (different precision" in text and "tepo/seed0 (float32) vs grpo (bf16)" in text
+
+
+def test_a_started_run_with_resolved_precision_matches_its_auto_plan(tmp_path):
+    """config.yaml holds the values auto resolved to (true/bfloat16 or false/float32): still the planned run."""
+    import dataclasses
+
+    plan = plan_comparison(tmp_path, ["grpo"], [0], overrides=["train.steps=2"])
+    (spec,) = plan.runs
+    resolved = dataclasses.replace(
+        spec.config,
+        model=dataclasses.replace(spec.config.model, autocast_bf16=False),
+        rollout=dataclasses.replace(spec.config.rollout, autocast_bf16=False, vllm_dtype="float32"),
+    )
+    spec.run_dir.mkdir(parents=True)
+    save_config(resolved, spec.run_dir / "config.yaml")
+    (spec.run_dir / "summary.json").write_text(json.dumps({"after": {"eval_greedy_accuracy": 0.5}}))
+    outcomes = run_comparison(plan, train_fn=_never, resume_fn=_never, log=lambda *a: None)
+    assert [o.action for o in outcomes] == ["reused"]

@@ -308,9 +308,14 @@ def run_state(run_dir: Path) -> str:
     return "new"
 
 
+# Precision "auto" resolves when a run starts (tepo.precision) and the run directory keeps the value it resolved
+# to: a planned "auto" matches whatever a started run recorded (the table shows each run's precision).
+_PRECISION_KEYS = ("model.autocast_bf16", "rollout.autocast_bf16", "rollout.vllm_dtype")
+
+
 def _config_differences(saved: RunConfig, planned: RunConfig) -> list[str]:
     a, b = _flat(saved), _flat(planned)
-    ignore = {"log.progress"}
+    ignore = {"log.progress"} | {k for k in _PRECISION_KEYS if b.get(k) == "auto"}
     return sorted(k for k in a.keys() | b.keys() if k not in ignore and a.get(k) != b.get(k))
 
 

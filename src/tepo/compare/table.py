@@ -249,6 +249,26 @@ def entropy_kept(rows: list[dict]) -> float | None:
     return sum(last) / len(last) / entropies[0]
 
 
+def run_precision(run_dir: Path) -> str:
+    """The precision a run trained at, in one word: ``bf16`` (autocast of the update) or ``float32``.
+
+    Runs since 2026-12-05 record it in ``summary.json`` (``precision``, tepo.precision); older runs have the value
+    in ``config.yaml`` (``model.autocast_bf16``, then always explicit: true by default).
+    """
+    run_dir = Path(run_dir)
+    recorded = (_read_json(run_dir / "summary.json") or {}).get("precision")
+    if isinstance(recorded, dict) and "model_autocast_bf16" in recorded:
+        return "bf16" if recorded["model_autocast_bf16"] else "float32"
+    try:
+        import yaml
+
+        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
+    except (OSError, ValueError):
+        return "unknown"
+    value = (saved.get("model") or {}).get("autocast_bf16", True)
+    return {True: "bf16", False: "float32"}.get(value, str(value))
+
+
 class RunValues(NamedTuple):
     """One finished run as the table reads it: column values after and before training, and the raw series
     (held-out curve, metrics rows) that the convergence columns need once the reference's final is known."""
@@ -320,6 +340,7 @@ def build_table(
     per_method: dict[str, dict[int, dict]] = {}
     series: dict[tuple[str, int], RunValues] = {}  # read once; the convergence loop below reuses them
     initial: dict[int, dict] = {}
+    precision: dict[tuple[str, int], str] = {}  # each finished run's precision (run_precision)
     missing = []
     for method, seeds in runs.items():
         for seed, run_dir in sorted(seeds.items()):
@@ -328,6 +349,7 @@ def build_table(
                 continue
             read = series[method, seed] = run_values(run_dir, threshold=threshold, window=window)
             per_method.setdefault(method, {})[seed] = read.after
+            precision[method, seed] = run_precision(run_dir)
             # identical across methods for one seed: the same initial policy
             initial.setdefault(seed, read.before)
 
@@ -342,12 +364,18 @@ def build_table(
                     values["steps_to_share"], values["seconds_to_share"] = float(step), secs
 
     reference_by_seed = per_method.get(reference, {})
+    unpaired = []  # (method, seed) whose run and the reference's ran at different precisions: not differenced
     for method, seeds in per_method.items():
         if method == reference:
             continue
         for seed, values in seeds.items():
             ref = reference_by_seed.get(seed, {})
             if "held_out" in values and "held_out" in ref:
+                if precision[method, seed] != precision[reference, seed]:
+                    unpaired.append(
+                        f"{method}/seed{seed} ({precision[method, seed]}) vs {reference} ({precision[reference, seed]})"
+                    )
+                    continue
                 values["held_out_delta"] = values["held_out"] - ref["held_out"]
 
     benches = sorted(
@@ -393,7 +421,16 @@ def build_table(
         if method == reference:  # no difference with itself: an empty cell, not a missing one
             cells["held_out_delta"] = cell([], 0)
         per_seed = {str(seed): dict(values) for seed, values in sorted(seeds.items())}
-        rows.append({"method": method, "seeds": sorted(seeds), "cells": cells, "per_seed": per_seed})
+        labels = sorted({precision[method, seed] for seed in seeds})
+        rows.append(
+            {
+                "method": method,
+                "seeds": sorted(seeds),
+                "cells": cells,
+                "per_seed": per_seed,
+                "precision": labels,
+            }
+        )
     for column in columns:
         if not column.ranked:
             for row in rows:
@@ -434,6 +471,8 @@ def build_table(
         if initial_cells
         else None,
         "missing_runs": missing,
+        # Runs of different precision share the table only with a column that says so, and are never paired.
+        "precision": {"mixed": len(set(precision.values())) > 1, "unpaired": unpaired},
         "threshold": {"metric": "reward_mean", "value": threshold, "window": window},
         "convergence": {
             "metric": "eval_greedy_accuracy",
@@ -491,17 +530,18 @@ def format_cell(cell: dict | None, key: str, *, markdown: bool, with_interval: b
 
 def table_rows(table: dict, *, markdown: bool) -> tuple[list[str], list[list[str]]]:
     keys = [c["key"] for c in table["columns"]]
-    headers = ["method", "seeds"] + [c["label"] for c in table["columns"]]
+    mixed = (table.get("precision") or {}).get("mixed", False)
+    headers = ["method", "seeds", *(["precision"] if mixed else [])] + [c["label"] for c in table["columns"]]
     body = []
     if table.get("initial"):
         init = table["initial"]
         body.append(
-            [init["method"], str(len(init["seeds"]))]
+            [init["method"], str(len(init["seeds"])), *(["-"] if mixed else [])]
             + [format_cell(init["cells"].get(k), k, markdown=markdown) for k in keys]
         )
     for row in table["rows"]:
         body.append(
-            [row["method"], str(len(row["seeds"]))]
+            [row["method"], str(len(row["seeds"])), *(["/".join(row.get("precision", []))] if mixed else [])]
             + [format_cell(row["cells"][k], k, markdown=markdown) for k in keys]
         )
     return headers, body
@@ -528,6 +568,16 @@ def table_footer(table: dict) -> str:
         lines.append(f"steps@{c['share']:.0%}: no finished {c['reference']} run, so no convergence target")
     if table.get("missing_runs"):
         lines.append(f"not finished (left out): {', '.join(table['missing_runs'])}")
+    precision = table.get("precision") or {}
+    if precision.get("mixed"):
+        lines.append(
+            "precision: these runs did not all train at one precision (column 'precision'); their numbers are "
+            "not comparable as equals"
+        )
+    if precision.get("unpaired"):
+        lines.append(
+            f"not paired (different precision, no paired difference): {', '.join(precision['unpaired'])}"
+        )
     return "\n".join(lines)
 
 
