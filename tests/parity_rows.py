@@ -8,8 +8,19 @@ with each parity test; keep the cells short (the test's docstring holds the deta
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 FIELDS = ("name", "trl", "verl", "tepo", "agree", "differences", "tests")
-HEADERS = ("name", "TRL 1.16", "verl 0.9.1", "tepo", "settings that make them agree", "differences", "test")
+HEADERS = (
+    "name",
+    "TRL 1.16",
+    "verl 0.9.1",
+    "tepo",
+    "settings that make them agree",
+    "differences",
+    "test (runs by default?)",
+)
 
 _TRL_KL = "tests/test_parity_trl_estimators.py"
 _TRL_CFG = "tests/test_integration_trl_config.py"
@@ -70,7 +81,9 @@ ROWS: list[dict] = [
         "verl": "none",
         "tepo": "`advantage: grpo_batch_std`: the same with `eps` 1e-6 (as `grpo`)",
         "agree": "`advantage_options.eps: 1e-4`",
-        "differences": "the constant: default results differ by `(std + 1e-4) / (std + 1e-6)` (asserted)",
+        "differences": "the constant: default results differ by `(std + 1e-4) / (std + 1e-6)` (asserted); TRL's "
+        "`nanstd` takes Bessel's `n / (n - 1)` in float32 even for float64 rewards: its std is relative < 4e-8 off "
+        "(asserted at float64, TRL's scaling fed float64 rewards)",
         "tests": [f"{_TRL_KL}::test_grpo_batch_std_equals_trls_batch_scaled_advantage"],
     },
     {
@@ -103,6 +116,23 @@ ROWS: list[dict] = [
         "tests": [
             _VERL,
             "tests/test_correction_rejections.py::test_seq_k3_drops_rows_by_their_mean_token_k3",
+        ],
+    },
+    {
+        "name": "`seq_mask` (rollout rejection)",
+        "trl": "none",
+        "verl": "`rollout_rs: seq_mean_k1` (preset `decoupled_geo_rs`, `0.999_1.001`): keep a row when "
+        "`log lower <= mean_t(-log rho) <= log upper` (`log rho` clamped to +-20)",
+        "tepo": "`rollout_correction: seq_mask`: keep a row when `c_low <= exp(mean_t log rho) <= c_high` (`log rho` "
+        'clamped to +-20); `verl_threshold: "lower_upper"` takes verl\'s string',
+        "agree": "`c_low = 1/upper`, `c_high = 1/lower` (what `verl_threshold` does); the default (1/1.001, "
+        "1/0.999) is verl's preset mapped; decoupled mode",
+        "differences": "the same numbers keep mirror-image rows: on mean log-ratios -0.0010003, -0.0009998, "
+        "+0.0009998, +0.0010003, `c_low/c_high` 0.999/1.001 keep [T, T, F, F], verl's `0.999_1.001` [F, F, T, T] "
+        "(asserted); verl's mean divides by `count + 1e-8`",
+        "tests": [
+            "tests/test_integration_verl_rollout_rs.py::test_seq_mask_and_mis_keep_what_verls_k1_rejection_keeps",
+            "tests/test_correction_verl_threshold.py::test_the_same_numbers_keep_mirror_image_rows_and_verl_threshold_maps_them",
         ],
     },
     {
@@ -158,15 +188,20 @@ ROWS: list[dict] = [
         ],
     },
     {
-        "name": "`cispo` (TRL `GRPOConfig`)",
+        "name": "`cispo`, `cispo_seq` (TRL `GRPOConfig`)",
         "trl": "`loss_type=cispo`: `-sg[clamp(r, max=epsilon_high)] * A * logp`, no lower clip, token-mean",
         "verl": "not compared in this row",
-        "tepo": "`cispo`: `-sg[clip(r, 0, 1 + eps_high)] * A * logp` (`eps_low` off)",
-        "agree": "`eps_high = epsilon_high - 1`",
-        "differences": "TRL's `epsilon_high <= 1` caps the weight below 1: refused; sequence level refused",
+        "tepo": "`cispo`: `-sg[min(r, cap)] * A * logp` (`cap` in place of `1 + eps_high`, any `cap > 0`); "
+        "sequence level: `cispo_seq`, the same weight of `s_i = exp(mean_t log r)`",
+        "agree": "`cap = epsilon_high` (TRL's ceiling itself: 0.2, its `epsilon`, when unset; 5.0 recommended), "
+        "`importance_sampling_level=sequence` = `cispo_seq`",
+        "differences": "none at float64 (token and sequence level, caps 1.2, 1.025 and 0.2 asserted); TRL warns "
+        "that the sequence level length-weights each sequence (token-mean): `cispo_seq` does the same",
         "tests": [
             f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
-            f"{_TRL_CFG}::test_refuses_what_has_no_equal",
+            f"{_TRL_CFG}::test_trls_cispo_cases_are_not_vacuous",
+            "tests/test_losses_cispo.py::test_cispo_weight_is_the_clipped_token_ratio_under_any_cap",
+            "tests/test_losses_cispo.py::test_cispo_seq_weights_every_token_by_the_clipped_sequence_ratio",
         ],
     },
     {
@@ -188,8 +223,11 @@ ROWS: list[dict] = [
         "verl": "not compared in this row",
         "tepo": "`vespo`, `k_*` / `lam_*`",
         "agree": "the same four parameters; no vLLM IS correction",
-        "differences": "TRL also clamps each token's log-ratio to +-20 (equal inside); with vLLM's correction TRL "
-        "folds the sampler ratio into the weight: refused",
+        "differences": "TRL also clamps each token's log-ratio to +-20 (equal inside); TRL clamps lambda to at "
+        "least 1e-4 (tepo's `lam = 0` means no exp term) and builds k, lambda in float32 (equal for values exact in "
+        "float32, e.g. the defaults); TRL turns a NaN/inf weight into 0; TRL picks (k, lambda) by each element's "
+        "advantage sign, tepo by the row's mean advantage (equal for TRL's per-sequence advantages); with vLLM's "
+        "correction TRL folds the sampler ratio into the weight: refused",
         "tests": [
             f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
             f"{_TRL_CFG}::test_vespo_with_vllms_correction_is_refused",
@@ -229,9 +267,19 @@ ROWS: list[dict] = [
         "verl": "none",
         "tepo": "`top_entropy_quantile=rho`: the same rule; tepo's trainer over the optimizer mini-batch, the "
         "adapter per micro-batch as TRL",
-        "agree": "the TRL adapter (TRL's threshold passed as the selection)",
-        "differences": "tepo's own trainer takes the quantile over the mini-batch (micro-batch invariant)",
-        "tests": [f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls"],
+        "agree": "one micro-batch per optimizer mini-batch; the TRL adapter calls TRL's `get_high_entropy_mask` "
+        "itself (the selection of any micro-batch)",
+        "differences": "tepo's quantile is a float64 sort, TRL's `torch.quantile` of float32 entropies: the "
+        "thresholds are within 4 float32 ulps of max H (about 2.4e-7 relative, asserted) and the kept sets differ "
+        "only on a token between them: when the quantile is a token's own entropy, TRL drops it if float32 rounds "
+        "it up, or also keeps a token just below (both built, asserted); tepo's trainer takes the quantile over the "
+        "mini-batch (micro-batch invariant)",
+        "tests": [
+            "tests/test_parity_trl_entropy.py::test_tepo_entropy_threshold_keeps_what_trls_get_high_entropy_mask_keeps",
+            "tests/test_parity_trl_entropy.py::test_the_float32_quantile_differs_only_by_rounding",
+            "tests/test_parity_trl_entropy.py::test_tepo_top_entropy_quantile_loss_equals_trls_compute_loss",
+            f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
+        ],
     },
     {
         "name": "`entropy_coef` (regularizer)",
@@ -240,9 +288,12 @@ ROWS: list[dict] = [
         "tepo": "`entropy_coef` option: `-coef * agg(H)` under the loss's aggregation",
         "agree": "the adapter applies TRL's `GRPOConfig.entropy_coef` with TRL's normalisation, and "
         "`use_adaptive_entropy` with TRL's controller",
-        "differences": "the option differs for non-token-mean losses: `dr_grpo` gives `sum(m) / (N * L_max)` of "
-        "TRL's (0.5x on the test batch, asserted)",
+        "differences": "equal under token-mean (tepo's option vs TRL's `_compute_loss` with `dapo`, value and "
+        "gradients, asserted); the option differs for non-token-mean losses: `dr_grpo` gives `sum(m) / (N * L_max)` "
+        "of TRL's (0.5x on the test batch, asserted); TRL's bonus acts only on the tokens its entropy quantile "
+        "keeps, tepo's option on every token",
         "tests": [
+            "tests/test_parity_trl_entropy.py::test_tepo_entropy_coef_under_token_mean_equals_trls_bonus",
             f"{_TRL_CFG}::test_trl_entropy_coef_is_a_token_mean_not_the_losss_aggregation",
             f"{_TRL_CFG}::test_trl_adaptive_entropy_controller_equals_trls",
         ],
@@ -252,8 +303,9 @@ ROWS: list[dict] = [
         "trl": "logged by `_compute_loss` (token means over all processes; one value per sequence for a "
         "sequence ratio)",
         "verl": "none",
-        "tepo": "the adapter logs the same names with TRL's meaning beside `tepo/*`",
-        "agree": "as is",
+        "tepo": "the adapter logs the same names with TRL's meaning beside `tepo/*` (recomputed in "
+        "`tepo.integrations.trl_metrics`: TRL has no callable piece for them, they are inline in `_compute_loss`)",
+        "agree": "as is: every name and value TRL's real `_compute_loss` logs on the test batch is logged equal",
         "differences": "TRL averages its clip indicators in float32 (relative 1e-7)",
         "tests": [f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls"],
     },
@@ -277,7 +329,7 @@ ROWS: list[dict] = [
         "agree": "gradient: `clip_ratio_low/high = delta_low/high` (`= delta`), `clip_ratio_c` above every ratio",
         "differences": "values: tepo `sum g`, verl `sum g * logp` (g the shared gradient); verl's default C = 3 "
         "scales the gradient by `3 / r` where r > 3; verl's default thresholds 0.2 (asserted); verl's mask reads "
-        "pi_old, tepo's `rollout_logp` when given",
+        "pi_old, tepo's `rollout_logp` when given; verl clamps the log-ratio to +-20 (ratios beyond `e^20` differ)",
         "tests": [_VERL26],
     },
     {
@@ -288,7 +340,8 @@ ROWS: list[dict] = [
         "agree": "`clip_ratio_low=3e-4`, `clip_ratio_high=4e-4`, `loss_agg_mode=seq-mean-token-mean` (or "
         "token-mean on both)",
         "differences": "verl 0.9.1 does not force the paper's aggregation (its default is token-mean); verl "
-        "clamps `log s` at 10; seq-mean's `+ 1e-8` (relative 1e-8)",
+        "clamps the token's `log s` at 10 (`clamp(max=10)`), which also zeroes its gradient there: value and "
+        "gradient differ for ratios above `e^10`; seq-mean's `+ 1e-8` (relative 1e-8)",
         "tests": [_VERL26],
     },
     {
@@ -307,8 +360,9 @@ ROWS: list[dict] = [
         "verl": "`cispo`: `-sg[clip(r, 1 - clip_ratio_low, 1 + clip_ratio_high)] * A * logp` (0.2 / 0.2)",
         "tepo": "`tepo.cispo` (bare `cispo` stays verl's): no lower clip by default; `eps_low` set clips below",
         "agree": "`eps_low = clip_ratio_low`, `eps_high = clip_ratio_high`; tepo's default = verl "
-        "`clip_ratio_low=1.0`",
-        "differences": "the default lower clip (verl clips at 0.8, MiniMax / TRL / tepo do not)",
+        "`clip_ratio_low=1.0` and `clip_ratio_high=0.28` (verl's default is 0.2)",
+        "differences": "the default lower clip (verl clips at 0.8, MiniMax / TRL / tepo do not) and upper clip "
+        "(verl 0.2, tepo 0.28); verl clamps the log-ratio to +-20 (ratios beyond `e^20` differ)",
         "tests": [_VERL26],
     },
     # verl 0.9.1's own functions, continued: tests/test_integration_verl_parity_more.py
@@ -376,11 +430,42 @@ ROWS: list[dict] = [
         "`rollout_rs: token_k1`",
         "tepo": "`rollout_correction: tis` / `seq_tis` (`cap`), `mis` (`c_low`, `c_high`)",
         "agree": "`cap = rollout_is_threshold`; `mis` weights = IcePop `c_low_c_high`, its kept tokens = "
-        "`token_k1` with `1/c_high_1/c_low`",
+        "`token_k1` with `1/c_high_1/c_low` (`verl_threshold` takes `token_k1`'s string and maps it)",
         "differences": "verl's k1 is `-log rho`: the same `token_k1` string keeps `1/c_high <= rho <= 1/c_low` "
         "(asserted); verl clamps `log rho` (token) or its row sum (sequence) at -20: weights below `exp(-20)` "
         "differ (asserted)",
-        "tests": [f"{_MORE}::test_tis_seq_tis_mis_equal_verls_rollout_is_weights"],
+        "tests": [
+            f"{_MORE}::test_tis_seq_tis_mis_equal_verls_rollout_is_weights",
+            "tests/test_integration_verl_rollout_rs.py::test_seq_mask_and_mis_keep_what_verls_k1_rejection_keeps",
+        ],
+    },
+    # Names no framework ships: closed-form tests only (tests/test_parity_doc.py wants a row for every name)
+    {
+        "name": "`tepo_token`, `reinforce_is`, `prefix_is`, `cov_gauss` (TEPO / 2026 losses)",
+        "trl": "none (TRL's experimental `gspo_token` is `gspo_token`'s row)",
+        "verl": "none",
+        "tepo": "`tepo_token` (TEPO's ratio with token advantages), `reinforce_is`, `prefix_is` (TEPO 4.3.2), "
+        "`cov_gauss` (Gaussian covariance weight): docs/algorithms.md",
+        "agree": "no framework ships them: closed-form tests only",
+        "differences": "none to compare",
+        "tests": [
+            "tests/test_losses_2026.py::test_tepo_token_with_token_level_advantages",
+            "tests/test_losses.py::test_reinforce_is_detached_sequence_weight",
+            "tests/test_losses.py::test_prefix_is_running_mean_ratio",
+            "tests/test_losses.py::test_cov_gauss_gaussian_weights",
+        ],
+    },
+    {
+        "name": "`entropy_adv`, `erpo` (advantage)",
+        "trl": "none",
+        "verl": "none",
+        "tepo": "`advantage: entropy_adv` (Cheng et al.), `erpo` (our reading of 2603.28204): docs/algorithms.md",
+        "agree": "no framework ships them: closed-form tests only",
+        "differences": "none to compare",
+        "tests": [
+            "tests/test_advantages.py::test_entropy_adv_hand_values_with_nan_padding",
+            "tests/test_advantages.py::test_erpo_relu_gate_hand_values",
+        ],
     },
 ]
 
@@ -390,16 +475,51 @@ INTRO = """\
 One row per name that tepo shares with TRL (1.16) or verl (0.9.1). Each row names the test that feeds the same
 tensors to the framework's own code and to tepo's, and asserts equality at float64 under the settings in the
 "agree" column, or the documented difference. Generated from `tests/parity_rows.py`
-(`python tests/parity_rows.py > docs/parity.md`); `tests/test_parity_doc.py` fails when this page is stale.
-TRL tests run in the default suite; verl tests run in `.venv-verl` (`pytest -m slow
-tests/test_integration_verl_estimators.py tests/test_integration_verl_losses_2026.py
-tests/test_integration_verl_parity_more.py`).
+(`python tests/parity_rows.py > docs/parity.md`); `tests/test_parity_doc.py` fails when this page is stale, when
+a row names a test that does not exist, and when a registered loss, advantage estimator, KL estimator or rollout
+correction has no row. Each test says whether it runs by default: TRL tests (and closed-form tests) run in the
+default suite (TRL 1.16 is the `[trl]` extra); verl tests are opt-in, `pytest -m slow <file>`, and build
+`.venv-verl` (verl 0.9.1 and its pins) on their first run, which needs a package index; a fresh checkout has
+none, so without that run the verl rows are backed by tests that were skipped.
 """
+
+
+_KIND_MARKS = {"advantage": "(advantage)", "KL": "(KL)", "rollout correction": "(rollout"}
+
+
+def covered(kind: str) -> set[str]:
+    """The names of ``kind`` the page has a row for: the backticked words of each row's ``name`` cell, where the
+    cell carries the kind's mark ("(advantage)", "(KL)", "(rollout ..."); a ``loss`` is any row without those
+    marks. tests/test_parity_doc.py fails for a registered name of that kind missing here."""
+    marks = _KIND_MARKS.values()
+    names: set[str] = set()
+    for row in ROWS:
+        cell = row["name"]
+        mark = _KIND_MARKS.get(kind)
+        if (mark is not None and mark in cell) or (mark is None and not any(m in cell for m in marks)):
+            names.update(re.findall(r"`([^`]+)`", cell))
+    return names
+
+
+_ROOT = Path(__file__).resolve().parents[1]
+
+
+def runs_by_default(test: str) -> bool:
+    """False for a test in a slow-marked file (opt-in, ``-m slow``), True otherwise."""
+    source = (_ROOT / test.partition("::")[0]).read_text()
+    return "pytestmark = pytest.mark.slow" not in source
+
+
+def _tests_cell(tests: list[str]) -> str:
+    return "<br>".join(
+        f"`{test}` ({'default' if runs_by_default(test) else 'opt-in: -m slow, .venv-verl'})"
+        for test in tests
+    )
 
 
 def _cell(value) -> str:
     if isinstance(value, list):
-        value = "<br>".join(f"`{item}`" for item in value)
+        value = _tests_cell(value)
     return str(value).replace("|", "\\|")
 
 
