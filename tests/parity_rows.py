@@ -31,6 +31,7 @@ _VERL26 = (
     "tests/test_integration_verl_losses_2026.py::test_verl_2026_losses_equal_ours_or_differ_as_documented"
 )
 _MORE = "tests/test_integration_verl_parity_more.py"
+_T39 = "tests/test_integration_verl_estimators_39.py::test_verl_estimators_and_losses_of_issue_39_equal_ours"
 
 ROWS: list[dict] = [
     {
@@ -466,6 +467,63 @@ ROWS: list[dict] = [
             "tests/test_advantages.py::test_entropy_adv_hand_values_with_nan_padding",
             "tests/test_advantages.py::test_erpo_relu_gate_hand_values",
         ],
+    },
+    {
+        "name": "`reinforce_plus_plus`, `reinforce_plus_plus_baseline` (advantage)",
+        "trl": "none",
+        "verl": "`adv_estimator: reinforce_plus_plus` (discounted return, `gamma`), `..._baseline` (minus group mean); both `masked_whiten` over the batch's tokens",
+        "tepo": "`advantage: reinforce_plus_plus` (token-level, option `gamma`), `reinforce_plus_plus_baseline`",
+        "agree": "the same `gamma`; contiguous groups, G >= 2 for the baseline form",
+        "differences": "G = 1: verl baseline 0, tepo refuses (group-relative)",
+        "tests": [
+            _T39,
+            "tests/test_advantages_frameworks.py::test_reinforce_plus_plus_whitens_returns_over_tokens",
+        ],
+    },
+    {
+        "name": "`grpo_passk`, `gpg` (advantage)",
+        "trl": "none",
+        "verl": "`adv_estimator: grpo_passk` (best response gets `(r_max - r_2nd) / (std + eps)`), `gpg` (`alpha (R - mean)`)",
+        "tepo": "`advantage: grpo_passk` (option `norm_by_std`), `gpg` (option `f_norm`)",
+        "agree": "`norm_by_std` = `norm_adv_by_std_in_grpo`; contiguous groups",
+        "differences": "gpg: verl's `alpha` is float32 (relative 1.5e-8), tepo's float64",
+        "tests": [_T39, "tests/test_advantages_frameworks.py::test_grpo_passk_only_the_best_learns"],
+    },
+    {
+        "name": "`optimal_token_baseline`, `tir_optimal_token_baseline` (advantage)",
+        "trl": "none",
+        "verl": "`adv_estimator: optimal_token_baseline` / `tir_...`: `B_t = sum G W / sum W` per group, `W` cumulative `1 - 2 pi + sum pi^2`",
+        "tepo": "the same names; `sum_pi_squared` from the trainer's pre-update pass",
+        "agree": "`rollout_is_weights=None`; `handle_zero_tail` the same",
+        "differences": "verl scales `W` by squared rollout IS weights when given; tepo passes none",
+        "tests": [_T39, "tests/test_advantages_frameworks.py::test_optimal_token_baseline_by_hand"],
+    },
+    {
+        "name": "`remax` (advantage)",
+        "trl": "none",
+        "verl": "`adv_estimator: remax`: reward minus a greedy rollout's reward per prompt",
+        "tepo": "refused with one line (no greedy baseline rollout in tepo's trainer)",
+        "agree": "not offered",
+        "differences": "use `rloo` or `grpo`",
+        "tests": ["tests/test_advantages_frameworks.py::test_remax_refused_by_config_in_one_line"],
+    },
+    {
+        "name": "`gpg`, `dro` (policy loss)",
+        "trl": "none",
+        "verl": "`loss_mode: gpg` (`-A logp`), `dro` (`-(A logp - beta/2 (logp - old)^2)`, `dro_beta`)",
+        "tepo": "`loss: gpg`, `loss: dro` (option `beta`)",
+        "agree": "token-mean, `beta` = `dro_beta`, the global token count",
+        "differences": "dro: verl has no default `dro_beta`; tepo's default 0.1 is ours",
+        "tests": [_T39, "tests/test_losses_2026.py::test_gpg_and_dro_value_and_gradient_by_hand"],
+    },
+    {
+        "name": "`bypass_mode` (policy loss)",
+        "trl": "none",
+        "verl": "`loss_mode: bypass_mode`: old = rollout log-probs; `ppo_clip` (vanilla) or `reinforce` with IS weights",
+        "tepo": "not a loss name: `algorithm.rollout_correction` weights `pi_old / pi_rollout` with the old policy recomputed",
+        "agree": "on-policy with equal numerics `ppo_clip` bypass = `grpo`; `reinforce` = `gpg` x IS weights with old = rollout",
+        "differences": "tepo has no switch that clips against the sampler's log-probs (tepo.losses.plain_gradient.BYPASS_MODE)",
+        "tests": ["tests/test_losses_2026.py::test_gpg_and_dro_value_and_gradient_by_hand"],
     },
 ]
 
