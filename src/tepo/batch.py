@@ -76,9 +76,21 @@ def trim_columns(
     (to cut ``[N, T]`` tensors such as advantages and masks the same way).
     """
     prompt_len = input_ids.shape[1] - response_len
-    used_prompt = attention_mask[:, :prompt_len].any(0).nonzero()
-    first = int(used_prompt[0, 0]) if len(used_prompt) else prompt_len - 1
-    used_resp = attention_mask[:, prompt_len:].any(0).nonzero()
-    new_t = int(used_resp[-1, 0]) + 1 if len(used_resp) else 1
+    # Both bounds in one host read (two nonzero() calls and their lengths were four GPU syncs per micro-batch):
+    # the first used prompt column (prompt_len - 1 when none is used) and the last used response column + 1
+    # (1 when none is used).
+    used_prompt = attention_mask[:, :prompt_len].any(0)
+    used_resp = attention_mask[:, prompt_len:].any(0)
+    first_used = used_prompt.int().argmax() if prompt_len else used_prompt.new_zeros((), dtype=torch.long)
+    last_used = (
+        response_len - 1 - used_resp.flip(0).int().argmax()
+        if response_len
+        else used_resp.new_zeros((), dtype=torch.long)
+    )
+    first, new_t, any_prompt, any_resp = torch.stack(
+        [first_used.long(), last_used.long() + 1, used_prompt.any().long(), used_resp.any().long()]
+    ).tolist()
+    first = first if any_prompt else prompt_len - 1
+    new_t = new_t if any_resp else 1
     cols = slice(first, prompt_len + new_t)
     return input_ids[:, cols], attention_mask[:, cols], new_t, slice(0, new_t)

@@ -146,7 +146,10 @@ def _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len: int, prom
     the comment at the call). It saves the prompt's share of the work G - 1 times over (docs/performance.md).
     """
     groups, inverse = torch.unique(prompt_groups, return_inverse=True)
-    first_rows = torch.stack([torch.nonzero(prompt_groups == g)[0, 0] for g in groups])
+    # Each group's first row, as the smallest row index holding its id: one scatter instead of a nonzero() (a
+    # GPU sync) per group.
+    row_ids = torch.arange(len(prompt_groups), device=prompt_groups.device)
+    first_rows = torch.full_like(groups, len(prompt_groups)).scatter_reduce(0, inverse, row_ids, reduce="amin")
     prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
     if not (
         torch.equal(prompt_ids, prompt_ids[first_rows][inverse])

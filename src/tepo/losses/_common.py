@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import numbers
 
@@ -10,8 +12,86 @@ import torch
 from tepo.losses.inputs import LossInputs
 
 
+class DeferredValue:
+    """A metric still on the device: 0-dim ``tensors`` and ``finish(values) -> float`` that turns their host
+    values into the python float the eager path would have returned (the same arithmetic, in the same order).
+
+    Every ``.item()`` waits for the device to finish all queued work; a GPU update that reads ten metrics per
+    micro-batch stalls ten times. Under :func:`deferred_metrics` the metric helpers return these instead, and
+    the caller reads all of a step's values with one transfer (:func:`resolve_values`).
+    """
+
+    __slots__ = ("finish", "tensors")
+
+    def __init__(self, tensors, finish):
+        self.tensors = tuple(t.detach() for t in tensors)
+        self.finish = finish
+
+
+_DEFER = contextvars.ContextVar("tepo_deferred_metrics", default=False)
+
+
+@contextlib.contextmanager
+def deferred_metrics():
+    """Within the block, ``compute_policy_loss``'s metrics (and these helpers) are :class:`DeferredValue` objects."""
+    token = _DEFER.set(True)
+    try:
+        yield
+    finally:
+        _DEFER.reset(token)
+
+
+def deferring() -> bool:
+    return _DEFER.get()
+
+
+def scalar_value(tensor: torch.Tensor):
+    """``float(tensor.item())``, or a :class:`DeferredValue` of it under :func:`deferred_metrics`."""
+    if _DEFER.get():
+        return DeferredValue((tensor,), lambda v: float(v[0]))
+    return float(tensor.detach().item())
+
+
+def resolve_values(values: list) -> list:
+    """Python floats for a list of floats / ints / :class:`DeferredValue` / 0-dim tensors, in one host read."""
+    tensors = []
+    for v in values:
+        if isinstance(v, DeferredValue):
+            tensors.extend(v.tensors)
+        elif isinstance(v, torch.Tensor):
+            tensors.append(v.detach())
+    if not tensors:
+        return list(values)
+    # float64 holds every float32 value and every count below 2**53 exactly, so one stacked read gives each
+    # value the eager path's .item() gave.
+    host = torch.stack([t.reshape(()).to(torch.float64) for t in tensors]).tolist()
+    out, i = [], 0
+    for v in values:
+        if isinstance(v, DeferredValue):
+            n = len(v.tensors)
+            out.append(v.finish(host[i : i + n]))
+            i += n
+        elif isinstance(v, torch.Tensor):
+            out.append(host[i])
+            i += 1
+        else:
+            out.append(v)
+    return out
+
+
+def _mean_finish(empty: float):
+    def finish(v):
+        count = int(v[1])
+        return empty if count == 0 else float(v[0] / count)
+
+    return finish
+
+
 def masked_mean_value(values: torch.Tensor, valid: torch.Tensor, empty: float = 0.0) -> float:
     """Mean of ``values`` over ``valid`` as a python float (``empty`` when nothing is valid); for metrics."""
+    if _DEFER.get():
+        total = torch.where(valid, values.detach(), 0.0).sum()
+        return DeferredValue((total, valid.sum()), _mean_finish(empty))
     count = int(valid.sum().item())
     if count == 0:
         return empty
@@ -19,6 +99,11 @@ def masked_mean_value(values: torch.Tensor, valid: torch.Tensor, empty: float = 
 
 
 def masked_max_value(values: torch.Tensor, valid: torch.Tensor, empty: float = 0.0) -> float:
+    if _DEFER.get():
+        # No boolean indexing (its output size needs a sync): the max over valid entries, -inf elsewhere.
+        fill = torch.full((), float("-inf"), dtype=values.dtype, device=values.device)
+        top = torch.where(valid, values.detach(), fill).max()
+        return DeferredValue((top, valid.any()), lambda v: float(v[0]) if v[1] else empty)
     if not bool(valid.any()):
         return empty
     return float(values.detach()[valid].max().item())

@@ -74,7 +74,9 @@ def aggregate(
     n_rows, width = loss_mat.shape
 
     if mode == "token-mean":
-        total = as_count(num_tokens, max(float(valid.sum().item()), 1.0), "num_tokens")
+        # The call's own count only when none is given: reading it is a GPU sync, and the update always passes one.
+        own = max(float(valid.sum().item()), 1.0) if num_tokens is None else None
+        total = as_count(num_tokens, own, "num_tokens")
         return masked.sum() / total
 
     seqs = as_count(num_seqs, float(max(n_rows, 1)), "num_seqs")

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from tepo.losses._common import masked_max_value, masked_mean_value
+from tepo.losses._common import DeferredValue, masked_max_value, masked_mean_value, scalar_value
 from tepo.losses.aggregation import aggregate, check_agg_mode
 from tepo.losses.inputs import prepare_inputs
 from tepo.losses.registry import PolicyLossSpec, get_policy_loss
@@ -158,9 +158,10 @@ def compute_policy_loss(
     ``m2po_threshold=tau`` (M2PO: drop the largest (logp - behaviour)^2 until their kept mean is <= tau). A
     dropped token's policy term is 0 and it stays in the token count.
 
-    Metrics (python floats, over this call's valid tokens): ``policy_loss``, ``loss``, ``clip_frac_low``,
-    ``clip_frac_high`` (plus ``seq_clip_frac_*`` for sequence ratios), ``approx_kl`` (k3 estimate of
-    KL(pi_old || pi_theta): r - 1 - log r), ``ratio_mean``, ``ratio_max``, ``entropy`` (when given), and each
+    Metrics (python floats, over this call's valid tokens; inside ``tepo.losses._common.deferred_metrics()``
+    they stay on the device as ``DeferredValue`` objects, read in one transfer by ``resolve_values``, so a GPU
+    is not stalled once per metric): ``policy_loss``, ``loss``, ``clip_frac_low``, ``clip_frac_high`` (plus
+    ``seq_clip_frac_*`` for sequence ratios), ``approx_kl`` (k3 estimate of KL(pi_old || pi_theta): r - 1 - log r), ``ratio_mean``, ``ratio_max``, ``entropy`` (when given), and each
     active regularizer's value (``entropy_bonus``, ``kl_ref``, ``tepo_kl_mask``, ``tepo_kl_mask_frac``).
     """
     spec = get_policy_loss(name)
@@ -222,7 +223,7 @@ def compute_policy_loss(
     metrics: dict[str, float] = {
         "clip_frac_low": 0.0,
         "clip_frac_high": 0.0,
-        **{k: float(v) for k, v in loss_metrics.items()},
+        **{k: _metric_value(v) for k, v in loss_metrics.items()},
         **selection_metrics,
         "approx_kl": masked_mean_value(ratio - 1.0 - log_ratio, valid),
         "ratio_mean": masked_mean_value(ratio, valid, empty=1.0),
@@ -233,17 +234,27 @@ def compute_policy_loss(
     if common["entropy_coef"] != 0:
         bonus = -common["entropy_coef"] * entropy_term(inputs, agg)
         total = total + bonus
-        metrics["entropy_bonus"] = float(bonus.detach().item())
+        metrics["entropy_bonus"] = scalar_value(bonus)
     if inputs.ref_logp is not None:
         kl_ref = kl_ref_term(inputs, agg, common["kl_estimator"])
-        metrics["kl_ref"] = float(kl_ref.detach().item())
+        metrics["kl_ref"] = scalar_value(kl_ref)
         if common["kl_coef"] != 0:
             total = total + common["kl_coef"] * kl_ref
     if common["tepo_kl_mask_coef"] != 0:
         term, in_set = tepo_kl_mask_term(inputs)
         total = total + common["tepo_kl_mask_coef"] * term
-        metrics["tepo_kl_mask"] = float(term.detach().item())
+        metrics["tepo_kl_mask"] = scalar_value(term)
         metrics["tepo_kl_mask_frac"] = masked_mean_value(in_set.float(), valid)
-    metrics["policy_loss"] = float(policy_loss.detach().item())
-    metrics["loss"] = float(total.detach().item())
+    metrics["policy_loss"] = scalar_value(policy_loss)
+    metrics["loss"] = scalar_value(total)
     return total, metrics
+
+
+def _metric_value(value: Any):
+    """A loss's metric as a python float, or kept on the device under ``deferred_metrics`` (a tensor or a
+    :class:`DeferredValue` then; :func:`tepo.losses._common.resolve_values` reads them)."""
+    if isinstance(value, DeferredValue):
+        return value
+    if isinstance(value, torch.Tensor):
+        return scalar_value(value)
+    return float(value)

@@ -118,7 +118,8 @@ def prepare_inputs(
         is_weights = _clean(is_weights.detach(), valid, dtype)
         if not bool(torch.all(torch.isfinite(is_weights) & (is_weights >= 0))):
             raise ValueError("is_weights must be finite and >= 0 on every valid token")
-    default_tokens = max(float(valid.sum().item()), 1.0)
+    # Only when no count is given: reading it is a GPU sync (the update always passes the mini-batch's count).
+    default_tokens = max(float(valid.sum().item()), 1.0) if num_tokens is None else None
     return LossInputs(
         logp=_clean(logp, valid, dtype),
         old_logp=_clean(old_logp.detach(), valid, dtype),

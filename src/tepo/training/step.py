@@ -161,14 +161,17 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
 
     # 8. Record a sample of tokens with their pre-update entropy and advantage (the report's token view).
     if c.log.samples_every and (trainer.step + 1) % c.log.samples_every == 0:
+        # Slice first: the file keeps the first samples_rows rows, and decoding is one tokenizer call per token,
+        # so decoding (and copying to the host) every row of the batch only to drop most of them is wasted.
+        keep = slice(None) if c.log.samples_rows is None else slice(0, c.log.samples_rows)
         record_rollout_tokens(
             trainer.run_dir,
             trainer.step + 1,
-            response_token_strings(parts.tokenizer, batch.response_ids, mask),
-            old_entropy if old_entropy is not None else token_entropy,
-            advantages,
-            mask,
-            rewards,
+            response_token_strings(parts.tokenizer, batch.response_ids[keep], mask[keep]),
+            (old_entropy if old_entropy is not None else token_entropy)[keep],
+            advantages[keep],
+            mask[keep],
+            rewards[keep],
             max_rows=c.log.samples_rows,
         )
 

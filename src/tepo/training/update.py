@@ -7,6 +7,7 @@ is never applied: the mini-batch is dropped and counted.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor
 
 from tepo.losses import compute_policy_loss, mini_batch_stats, needs_mini_batch_stats
+from tepo.losses._common import deferred_metrics, resolve_values
 from tepo.losses.rollout_correction import rollout_correction_weights
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, held_attention, release_free_heap, rows_logprobs
@@ -69,6 +71,49 @@ def _rows_logprobs_no_grad(
             ent_out[offset : offset + len(micro), cols] = ent.float()
         offset += len(micro)
     return out, ent_out
+
+
+@dataclass
+class _MicroResult:
+    """One micro-batch's values, still on the device until :func:`_read_once`."""
+
+    finite: Tensor
+    loss: Tensor
+    tokens: Tensor
+    entropy_sum: Tensor
+    metrics: dict
+    written: tuple | None  # (rows, cols) of token_entropy / token_logp written by this micro-batch
+
+
+class _HostResults(list):
+    grad_norm: float
+
+
+def _read_once(pending: list[_MicroResult], grad_norm: Tensor) -> _HostResults:
+    """Every micro-batch's flag, loss, counts and metrics, and the gradient norm, as python values in one read."""
+    flat, keys = [grad_norm], []
+    for r in pending:
+        names = list(r.metrics)
+        keys.append(names)
+        flat.extend([r.finite, r.loss, r.tokens, r.entropy_sum, *(r.metrics[k] for k in names)])
+    values = resolve_values(flat)
+    out = _HostResults()
+    out.grad_norm = values[0]
+    i = 1
+    for names in keys:
+        finite, loss, tokens, entropy_sum = values[i : i + 4]
+        metrics = dict(zip(names, values[i + 4 : i + 4 + len(names)]))
+        i += 4 + len(names)
+        out.append(
+            {
+                "finite": bool(finite),
+                "loss": loss,
+                "tokens": tokens,
+                "entropy_sum": entropy_sum,
+                "metrics": metrics,
+            }
+        )
+    return out
 
 
 def _columns(value: Tensor | None, micro: Tensor, cols: slice) -> Tensor | None:
@@ -154,58 +199,93 @@ def update_policy(
                     rollout_logp=_columns(batch.rollout_logp, rows, slice(None)),
                     **settings.loss_options,
                 )
-            finite = True
+            # Nothing below reads a device value until the mini-batch's gradients are in: the loss metrics stay
+            # on the device (deferred_metrics), the non-finite check is one flag per micro-batch, and all of them,
+            # with the gradient norm, come to the host in one transfer per optimizer step. Each .item() would
+            # otherwise wait for the GPU to drain its queue (about ten per micro-batch before).
+            pending = []
             offset = 0
-            for micro in rows.split(logprob_settings.micro_batch_size):
-                release_free_heap()
-                logp, ent, cols = rows_logprobs(
-                    model, batch, micro, logprob_settings, entropy=True, grad=True
-                )
-                if epoch == 0:
-                    token_entropy[micro, cols] = ent.detach().float()
-                    token_logp[micro, cols] = logp.detach().float()
-                m = mask[micro][:, cols]
-                old = logp.detach() if old_logp is None else old_logp[micro][:, cols]
-                old_ent = ent.detach() if old_entropy is None else old_entropy[micro][:, cols]
-                token_weights = _columns(is_weights, micro, cols)
-                if correction is not None:
-                    token_weights, _, _ = rollout_correction_weights(
-                        old, batch.rollout_logp[micro][:, cols], m, mode=correction.mode, **correction.options
+            on_cpu = next(model.parameters()).device.type == "cpu"
+            with deferred_metrics():
+                for micro in rows.split(logprob_settings.micro_batch_size):
+                    if on_cpu:
+                        # glibc's heap only; on a GPU the activations live in CUDA's allocator and the trim
+                        # would only cost host time between kernel launches.
+                        release_free_heap()
+                    logp, ent, cols = rows_logprobs(
+                        model, batch, micro, logprob_settings, entropy=True, grad=True
                     )
-                part = slice(offset, offset + len(micro))  # the micro-batch's rows within the mini-batch
-                offset += len(micro)
-                loss, metrics = compute_policy_loss(
-                    settings.loss,
-                    logp=logp,
-                    old_logp=old,
-                    advantages=_columns(advantages, micro, cols),
-                    mask=m,
-                    ref_logp=_columns(ref_logp, micro, cols),
-                    entropy=ent,
-                    old_entropy=old_ent,
-                    num_tokens=num_tokens,
-                    num_seqs=float(len(rows)),
-                    max_len=settings.max_len,
-                    is_weights=token_weights,
-                    batch_stats=None if stats is None else stats.rows(part, cols),
-                    rollout_logp=_columns(batch.rollout_logp, micro, cols),
-                    **settings.loss_options,
-                )
-                if not torch.isfinite(loss):
-                    finite = False
-                    break
-                loss.backward()
-                tokens = float(m.sum())
-                sums["loss"] += float(loss.detach())
-                for key, value in metrics.items():
+                    if epoch == 0:
+                        token_entropy[micro, cols] = ent.detach().float()
+                        token_logp[micro, cols] = logp.detach().float()
+                    m = mask[micro][:, cols]
+                    old = logp.detach() if old_logp is None else old_logp[micro][:, cols]
+                    old_ent = ent.detach() if old_entropy is None else old_entropy[micro][:, cols]
+                    token_weights = _columns(is_weights, micro, cols)
+                    if correction is not None:
+                        token_weights, _, _ = rollout_correction_weights(
+                            old,
+                            batch.rollout_logp[micro][:, cols],
+                            m,
+                            mode=correction.mode,
+                            **correction.options,
+                        )
+                    part = slice(offset, offset + len(micro))  # the micro-batch's rows within the mini-batch
+                    offset += len(micro)
+                    loss, metrics = compute_policy_loss(
+                        settings.loss,
+                        logp=logp,
+                        old_logp=old,
+                        advantages=_columns(advantages, micro, cols),
+                        # bool: the same tokens, without the 0/1 check of a float mask (a GPU sync per call)
+                        mask=m.bool(),
+                        ref_logp=_columns(ref_logp, micro, cols),
+                        entropy=ent,
+                        old_entropy=old_ent,
+                        num_tokens=num_tokens,
+                        num_seqs=float(len(rows)),
+                        max_len=settings.max_len,
+                        is_weights=token_weights,
+                        batch_stats=None if stats is None else stats.rows(part, cols),
+                        rollout_logp=_columns(batch.rollout_logp, micro, cols),
+                        **settings.loss_options,
+                    )
+                    # A non-finite loss still runs its backward (its gradients are dropped with the step, below);
+                    # only its flag is kept, so the check costs no sync here.
+                    loss.backward()
+                    pending.append(
+                        _MicroResult(
+                            finite=torch.isfinite(loss.detach()),
+                            loss=loss.detach(),
+                            tokens=m.sum(),
+                            entropy_sum=(ent.detach() * m).sum(),
+                            metrics=metrics,
+                            written=(micro, cols) if epoch == 0 else None,
+                        )
+                    )
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
+            host = _read_once(pending, grad_norm)
+            # The step's micro-batches up to the first non-finite loss count, as when the loop stopped there.
+            first_bad = next((i for i, r in enumerate(host) if not r["finite"]), None)
+            finite = first_bad is None
+            for r in host[: len(host) if finite else first_bad]:
+                tokens = r["tokens"]
+                sums["loss"] += r["loss"]
+                for key, value in r["metrics"].items():
                     if isinstance(value, int | float) and key != "loss":
                         sums[key] += value * tokens
                         counts[key] += tokens
-                sums["entropy_mean"] += float((ent.detach() * m).sum())
+                sums["entropy_mean"] += r["entropy_sum"]
                 counts["entropy_mean"] += tokens
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
-            if finite and torch.isfinite(grad_norm):
-                grad_norms.append(float(grad_norm))
+            if not finite:
+                # The loop used to stop at the first non-finite loss, leaving later rows' token views at 0.
+                for r in pending[first_bad + 1 :]:
+                    if r.written is not None:
+                        token_entropy[r.written[0], r.written[1]] = 0.0
+                        token_logp[r.written[0], r.written[1]] = 0.0
+            norm = host.grad_norm
+            if finite and math.isfinite(norm):
+                grad_norms.append(norm)
                 optimizer.step()
                 updates += 1
                 after_optimizer_step()
