@@ -37,6 +37,19 @@ MISMATCH = ("mismatch_kl_k1", "mismatch_kl_k3", "mismatch_abs_log_ratio_mean", "
 TIMING = ("gen_seconds", "logprob_seconds", "update_seconds", "reward_seconds", "step_seconds")
 
 
+# What the check needs beyond torch and transformers (and their own dependencies: numpy, pyyaml, safetensors, tqdm,
+# packaging, sympy): the reward's math-verify with its two dependencies, and pytest with its three. All pure Python.
+CARRIED = (
+    "math-verify",
+    "latex2sympy2_extended",
+    "antlr4-python3-runtime",
+    "pytest",
+    "pluggy",
+    "iniconfig",
+    "pygments",
+)
+
+
 def prepare_kit(kit: Path) -> None:
     from tepo.models import embedded_model_dir
 
@@ -45,8 +58,38 @@ def prepare_kit(kit: Path) -> None:
     for name in ("config.json", *TOKENIZER_FILES):
         if (source / name).exists():
             shutil.copy2(source / name, kit / name)
-    size = sum(p.stat().st_size for p in kit.iterdir()) / 2**20
-    print(f"kit: {kit} ({len(list(kit.iterdir()))} files, {size:.1f} MiB) from {source}")
+    wheels = prepare_wheels(kit / "wheels")
+    files = [p for p in kit.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files) / 2**20
+    print(f"kit: {kit} ({len(files)} files, {size:.1f} MiB) from {source}; wheels: {', '.join(wheels)}")
+
+
+def prepare_wheels(dest: Path) -> list[str]:
+    """``CARRIED`` as wheel files built from this environment's installed copies (no network, the same versions
+    that pass the tests here). A pure-Python wheel is a zip that Python imports from directly, so gpu_check.sh puts
+    each on PYTHONPATH: the device machine needs no pip install and no index."""
+    import importlib.metadata as metadata
+    import zipfile
+
+    dest.mkdir(parents=True, exist_ok=True)
+    made = []
+    for name in CARRIED:
+        dist = metadata.distribution(name)
+        root = Path(dist.locate_file(""))
+        files = [
+            f
+            for f in dist.files or []
+            if not f.parts[0].startswith("..") and "__pycache__" not in f.parts and f.suffix != ".pyc"
+        ]
+        if any(f.suffix in (".so", ".pyd") for f in files):
+            raise SystemExit(f"prepare-kit: {name} is not pure Python here; it cannot be carried as a zip")
+        stem = dist.metadata["Name"].replace("-", "_")
+        wheel = dest / f"{stem}-{dist.version}-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as zf:
+            for f in files:
+                zf.write(root / f, str(f))
+        made.append(f"{stem} {dist.version}")
+    return made
 
 
 def build_model(kit: Path, out: Path, *, layers: int | None) -> Path:

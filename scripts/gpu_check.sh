@@ -6,10 +6,11 @@
 #   on the GPU machine:      bash scripts/gpu_check.sh KIT [OUT]         OUT defaults to gpu_check_output/
 #   dry run of the logic:    bash scripts/gpu_check.sh --cpu KIT [OUT]   the same steps on the CPU, 2-layer model
 #
-# tepo runs from this checkout (src/ on PYTHONPATH). tepo's own small dependencies (pyyaml, safetensors, numpy, tqdm,
-# matplotlib, pytest) must be importable; math-verify and its two dependencies (latex2sympy2_extended,
-# antlr4-python3-runtime: pure-Python wheels of a few MB) may be given as wheel files in $TEPO_WHEELS, which go on
-# PYTHONPATH as they are (a pure-Python wheel is importable as a zip). vLLM is used where $TEPO_VLLM_PYTHON or
+# tepo runs from this checkout (src/ on PYTHONPATH). A machine with only torch and transformers is enough: --prepare
+# puts into KIT/wheels math-verify with its two dependencies and pytest with its three (pure-Python wheels, about
+# 5 MB, built from this environment's installed copies), and they go on PYTHONPATH as they are (a pure-Python wheel
+# is importable as a zip); more may be given in $TEPO_WHEELS. matplotlib is optional (no closing plot without it).
+# Keep KIT out of git (gpu_check_kit/ is in .gitignore). vLLM is used where $TEPO_VLLM_PYTHON or
 # .venv-vllm/bin/python has it.
 #
 # Steps: the -m gpu tests (tests/test_gpu.py), then scripts/gpu_check.py run: a random-weight model with the
@@ -23,11 +24,13 @@ if [ -z "${PYTHON:-}" ]; then  # the checkout's .venv where there is one, else t
   [ -x "$ROOT/.venv/bin/python" ] && PYTHON="$ROOT/.venv/bin/python"
 fi
 export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
-if [ -n "${TEPO_WHEELS:-}" ]; then
-  for wheel in "$TEPO_WHEELS"/*.whl; do
+add_wheels() {  # pure-Python wheels are zips Python imports from as they are
+  for wheel in "$1"/*.whl; do
     [ -e "$wheel" ] && PYTHONPATH="$PYTHONPATH:$wheel"
   done
-fi
+  return 0
+}
+[ -n "${TEPO_WHEELS:-}" ] && add_wheels "$TEPO_WHEELS"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 
 MODE=cuda
@@ -45,6 +48,7 @@ OUT="${2:-$ROOT/gpu_check_output}"
 mkdir -p "$OUT"
 KIT="$(cd "$KIT" && pwd)"
 OUT="$(cd "$OUT" && pwd)"
+add_wheels "$KIT/wheels"  # made by --prepare: math-verify, pytest and their dependencies
 cd "$OUT"  # runs, logs and the report stay in OUT
 
 "$PYTHON" - <<'PY'

@@ -9,6 +9,7 @@ tepo env [--json] [--bench]                              versions, hardware, wha
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -43,9 +44,13 @@ def _cmd_train(args) -> int:
         "greedy acc. before": (0, before.get("eval_greedy_accuracy")),
         "greedy acc. after": (result.steps_done, after.get("eval_greedy_accuracy")),
     }
-    png = plot_training_curves(
-        rows, result.run_dir / "training_curves.png", title=str(result.run_dir.name), extra_points=marks
-    )
+    if importlib.util.find_spec("matplotlib") is None:
+        # The plot is a convenience: a machine with only torch and transformers (the device check's) still trains.
+        png = "none (matplotlib is not installed; `tepo report RUN_DIR` draws it where it is)"
+    else:
+        png = plot_training_curves(
+            rows, result.run_dir / "training_curves.png", title=str(result.run_dir.name), extra_points=marks
+        )
     print()
     print(training_summary_table(result.summary))
     print(f"\nrun directory: {result.run_dir}\nplot: {png}\nmetrics: {result.run_dir / 'metrics.jsonl'}")

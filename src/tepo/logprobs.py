@@ -70,7 +70,11 @@ def response_logprobs(
     prompt_len = input_ids.shape[1] - response_len
 
     attention_mask = attention_mask.to(input_ids.device)
-    if prompt_groups is not None and len(torch.unique(prompt_groups)) < input_ids.shape[0]:
+    if (
+        prompt_groups is not None
+        and len(torch.unique(prompt_groups)) < input_ids.shape[0]
+        and _checkpointed_cache_allowed(body)
+    ):
         response_hidden = _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len, prompt_groups)
     else:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -135,6 +139,22 @@ class _FrozenPrefixLayer(DynamicLayer):
 
     def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         return torch.cat([self.keys, key_states], -2), torch.cat([self.values, value_states], -2)
+
+
+def _checkpointed_cache_allowed(body) -> bool:
+    """Whether the shared-prompt cache survives the layers' gradient checkpointing in this transformers version.
+
+    :func:`_shared_prompt_hidden` sets transformers' private ``GradientCheckpointingLayer._can_checkpoint_with_cache``
+    on each layer so a checkpointed layer keeps the prefix cache. A version without that attribute (the device
+    machine has transformers 5.17; this was written against 5.25) may drop the cache under checkpointing and the
+    response rows would attend to no prompt at all, silently. There, with checkpointing active, the plain
+    (unshared) pass is used: the same values up to float rounding, only slower.
+    """
+    layers = list(getattr(body, "layers", []))
+    checkpointing = torch.is_grad_enabled() and any(
+        getattr(layer, "gradient_checkpointing", False) and layer.training for layer in layers
+    )
+    return not checkpointing or all(hasattr(type(layer), "_can_checkpoint_with_cache") for layer in layers)
 
 
 def _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len: int, prompt_groups: Tensor) -> Tensor:
