@@ -62,11 +62,21 @@ def test_shared_prompt_equals_the_unshared_pass(checkpointed_model, kernel):
     assert int((logp != 0).sum()) == 2 * G * T - 2 - 4
     torch.testing.assert_close(logp, logp_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy, entropy_ref, atol=1e-5, rtol=1e-5)
-    for grad, grad_ref in zip(grads, grads_ref):
-        # Float32 sums in another order (the G rows' prompt gradients meet in one index_select backward): compare
-        # whole tensors, relative to their size. A wrong prefix (positions, mask, a missing row) is off by O(1).
+    # Gradients: the two passes sum in another order (the G rows' prompt gradients meet in one index_select
+    # backward), so in float32 they differ by rounding, and by how much depends on the CPU's kernels (1.3e-5
+    # relative was seen on an AVX2 Zen 3, under 1e-5 on AVX-512 machines). Bound it by float32's own reordering
+    # noise on this machine: the same unshared pass with its rows' gradients accumulated in two halves (another
+    # summation order, nothing else). (A float64 reference is no use here: transformers' float64 padding mask
+    # turns left-padded rows into NaN.) A wrong prefix (positions, mask, a missing row) is off by O(1).
+    halves = [torch.zeros_like(g) for g in grads_ref]
+    for rows in (slice(0, G), slice(G, 2 * G)):
+        _, _, part = _logprobs_and_grads(checkpointed_model, ids[rows], mask[rows], None, kernel)
+        halves = [h + g for h, g in zip(halves, part)]
+    for grad, grad_ref, half in zip(grads, grads_ref, halves):
         assert grad_ref.norm() > 0
-        assert float((grad - grad_ref).norm() / grad_ref.norm()) < 1e-5
+        reorder_noise = float((half - grad_ref).norm() / grad_ref.norm())
+        difference = float((grad - grad_ref).norm() / grad_ref.norm())
+        assert difference <= max(1e-5, 4 * reorder_noise), (difference, reorder_noise)
 
 
 @pytest.mark.model
