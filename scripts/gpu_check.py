@@ -197,6 +197,9 @@ def _run_check(kit: Path, out: Path, work: Path, *, cpu: bool) -> int:
         "log.progress=false",
         "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the (random model's) rewards
         "optim.lr=1e-4",
+        # The killed-and-resumed run must equal the straight one bit for bit: CUDA's index_select backward and
+        # memory-efficient attention are not deterministic without it (tepo.training.determinism).
+        "train.deterministic=true",
     ]
     if cpu:  # the dry run checks the script, not the speed: a small workload
         common += [

@@ -172,6 +172,9 @@ class TrainConfig:
     # Where the step runs (tepo.device): auto (CUDA when available, else CPU), cpu, cuda or cuda:N. Checked against
     # the machine when the run starts, before anything loads.
     device: str = "auto"
+    # Deterministic CUDA kernels (tepo.training.determinism): a resumed run then equals the uninterrupted one bit for
+    # bit on a GPU too. Slower, and attention takes more memory; for checks. Nothing changes on the CPU path's math.
+    deterministic: bool = False
 
     @property
     def keep_checkpoints(self) -> int:

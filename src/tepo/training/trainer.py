@@ -116,6 +116,10 @@ class Trainer:
             log(f"note: {note}")
         self.train_problems, self.eval_problems = load_datasets(config)
         torch.manual_seed(c.train.seed)
+        if c.train.deterministic:  # before the model's first matmul (cuBLAS reads its workspace setting then)
+            from tepo.training.determinism import make_deterministic
+
+            log(make_deterministic(self.device))
 
         self.model, self.tokenizer = load_model_and_tokenizer(
             c.model.name,
