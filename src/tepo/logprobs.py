@@ -28,11 +28,27 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 # Default positions per chunk: 2**25 logits (128 MiB in float32 per [chunk, V] tensor); 682 rows at V = 49,152.
 _DEFAULT_CHUNK_ELEMENTS = 2**25
+# On CUDA, 4x that (512 MiB per [chunk, V]; 883 rows at Qwen's V = 151,936 instead of 220) on a GPU of 24 GiB or
+# more, 2x below: at 220-row chunks and 27-row blocks (below) a 1k-token x 128-row batch launches thousands of
+# kernels each too small to fill the GPU. The chunk's [chunk, V] logits, their log-probs and gradient are alive
+# together (about 3 x 512 MiB), a small share of such a GPU. Chunking only groups rows: every row's values are
+# computed by the same per-row operations whatever the size (tests/test_logprob_sizes.py).
+_CUDA_CHUNK_ELEMENTS = {"large": 2**27, "small": 2**26}
+_CUDA_LARGE_GIB = 24
 
 
-def default_chunk_size(vocab_size: int) -> int:
-    """Positions per chunk so one float32 ``[chunk, vocab]`` tensor holds about 2**25 elements (128 MiB)."""
-    return max(1, _DEFAULT_CHUNK_ELEMENTS // vocab_size)
+def default_chunk_size(vocab_size: int, device: torch.device | str | None = None) -> int:
+    """Positions per chunk so one float32 ``[chunk, vocab]`` tensor holds about 2**25 elements (128 MiB) on the
+    CPU, 2**27 (512 MiB) on a CUDA GPU of 24 GiB or more, 2**26 on a smaller one."""
+    return max(1, _chunk_elements(device) // vocab_size)
+
+
+def _chunk_elements(device) -> int:
+    device = torch.device(device) if device is not None else None
+    if device is None or device.type != "cuda":
+        return _DEFAULT_CHUNK_ELEMENTS
+    total = torch.cuda.get_device_properties(device).total_memory if torch.cuda.is_available() else 0
+    return _CUDA_CHUNK_ELEMENTS["large" if total >= _CUDA_LARGE_GIB * 2**30 else "small"]
 
 
 def response_logprobs(
@@ -89,7 +105,7 @@ def response_logprobs(
     rows_hidden = response_hidden[valid]  # [M, H], only real response tokens
     rows_targets = targets[valid]
     vocab = lm_head.weight.shape[0] if hasattr(lm_head, "weight") else None
-    size = chunk_size or default_chunk_size(vocab or 32_000)
+    size = chunk_size or default_chunk_size(vocab or 32_000, rows_hidden.device)
     logp_rows, entropy_rows, pi2_rows = [], [], []
     if compute_sum_pi_squared and torch.is_grad_enabled():
         raise ValueError("compute_sum_pi_squared is for no-grad passes only (wrap the call in torch.no_grad())")
@@ -265,8 +281,11 @@ class _ChunkScorer:
         return _TargetLogpAndEntropy.apply(logits, targets, self.temperature, self.compute_entropy)
 
 
-# Rows per block of the temporaries in forward and backward (about 2**22 float32 elements, 16 MiB).
+# Rows per block of the temporaries in forward and backward (about 2**22 float32 elements, 16 MiB; 27 rows at
+# V = 151,936). On CUDA 2**25 (128 MiB, 220 rows there): the blocks only bound temporaries, and 27-row blocks
+# are kernels too small for a GPU. Every row is computed alone, so the size never changes a value.
 _BLOCK_ELEMENTS = 2**22
+_CUDA_BLOCK_ELEMENTS = 2**25
 
 
 class _TargetLogpAndEntropy(torch.autograd.Function):
@@ -333,7 +352,8 @@ class _TargetLogpAndEntropy(torch.autograd.Function):
 
 
 def _row_blocks(matrix: Tensor):
-    step = max(1, _BLOCK_ELEMENTS // max(1, matrix.shape[-1]))
+    elements = _CUDA_BLOCK_ELEMENTS if matrix.device.type == "cuda" else _BLOCK_ELEMENTS
+    step = max(1, elements // max(1, matrix.shape[-1]))
     return [slice(start, start + step) for start in range(0, matrix.shape[0], step)]
 
 
