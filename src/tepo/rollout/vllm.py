@@ -201,6 +201,46 @@ def _weights_version(model) -> tuple:
     return tuple((id(p), p._version) for p in model.parameters())
 
 
+SHM = Path("/dev/shm")
+
+
+def weights_bytes(model, dtype: torch.dtype) -> int:
+    """Size of one :func:`write_weights` file: every parameter in ``dtype``, plus the untied copy of a tied head."""
+    size = torch.empty((), dtype=dtype).element_size()
+    total = sum(p.numel() for p in model.parameters()) * size
+    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
+    if output is not None and inputs is not None and output.weight is inputs.weight:
+        total += output.weight.numel() * size
+    return int(total)
+
+
+def choose_weights_root(
+    needed: int, *, shm: Path = SHM, fallback: Path | None = None
+) -> tuple[Path, str | None]:
+    """Where the weight-sync files live: ``/dev/shm`` (RAM: the sync is a memory copy) when it has room for two of
+    them (a sync writes the new file next to the old one, then renames), else a folder on disk, with one line saying
+    so. A default Docker container's /dev/shm is 64 MB, and Qwen2.5-1.5B's file is 3 GB in bf16: writing there
+    failed with "No space left on device" halfway through the first sync.
+
+    A faster path on CUDA, not built here because it cannot be tested without a GPU: hand the engine CUDA-IPC
+    handles of the trainer's tensors over the pipe instead of a file, as verl does (``verl/workers/rollout/
+    vllm_rollout/``: ``vLLMColocateWorkerExtension.update_weights_from_ipc``, buckets of weights passed by
+    handle); see docs/performance.md, "Weight sync".
+    """
+    fallback = Path(tempfile.gettempdir()) if fallback is None else fallback
+    if not shm.is_dir():
+        return fallback, None
+    free = shutil.disk_usage(shm).free
+    margin = 64 * 2**20
+    if free >= 2 * needed + margin:
+        return shm, None
+    return fallback, (
+        f"weight sync: {shm} has {free / 2**30:.2f} GiB free, a sync needs {2 * needed / 2**30:.2f} GiB (two "
+        f"copies of the {needed / 2**30:.2f} GiB weights file); using {fallback} on disk instead (slower; raise "
+        "the container's --shm-size to keep it in memory)"
+    )
+
+
 def engine_memory_options(
     device_type: str, *, kv_cache_gb: float | None, gpu_memory_utilization: float
 ) -> dict[str, object]:
@@ -257,6 +297,7 @@ class VLLMRollout:
         own_core: bool = False,
         gpu_memory_utilization: float = 0.3,
         chunked_prefill: str = "auto",
+        log=print,
     ):
         del autocast_bf16
         if dtype == "auto":  # the hardware's choice (tepo.precision); a trainer passes its resolved value
@@ -281,8 +322,9 @@ class VLLMRollout:
         self._proc: subprocess.Popen | None = None
         # Before anything is written: a missing interpreter must not leave a model's worth of weights in RAM.
         python = find_vllm_python(python)
-        shm = Path("/dev/shm")
-        weights_root = shm if shm.is_dir() else Path(tempfile.gettempdir())
+        weights_root, note = choose_weights_root(weights_bytes(model, getattr(torch, dtype)))
+        if note:
+            log(note)
         sweep_orphaned_weight_dirs(weights_root)
         self._weights_dir = Path(tempfile.mkdtemp(prefix=WEIGHTS_DIR_PREFIX, dir=weights_root))
         # Without a log_path the log is temporary: next to the weights' name in the temp dir, removed with them.
@@ -385,6 +427,7 @@ class VLLMRollout:
             log_path=None if run_dir is None else Path(run_dir) / "vllm_server.log",
             own_core=bool(getattr(rollout_config, "async_steps", 0)),  # overlapped with the update
             gpu_memory_utilization=rollout_config.vllm_gpu_memory_utilization,
+            log=log,
         )
 
     @classmethod
