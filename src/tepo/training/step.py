@@ -16,7 +16,7 @@ import torch
 from tepo.advantages import compute_advantages, estimator_requires
 from tepo.lora import scoring
 from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
-from tepo.metrics.tokens import record_rollout_tokens, response_token_strings
+from tepo.metrics.tokens import record_step_samples
 from tepo.rewards.shaping import mask_truncated
 from tepo.training.collect import Collected, collect_rollouts
 from tepo.training.logprob_pass import batch_logprobs
@@ -161,17 +161,15 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
 
     # 8. Record a sample of tokens with their pre-update entropy and advantage (the report's token view).
     if c.log.samples_every and (trainer.step + 1) % c.log.samples_every == 0:
-        # Slice first: the file keeps the first samples_rows rows, and decoding is one tokenizer call per token,
-        # so decoding (and copying to the host) every row of the batch only to drop most of them is wasted.
-        keep = slice(None) if c.log.samples_rows is None else slice(0, c.log.samples_rows)
-        record_rollout_tokens(
+        record_step_samples(  # decodes only the samples_rows rows the file keeps
             trainer.run_dir,
             trainer.step + 1,
-            response_token_strings(parts.tokenizer, batch.response_ids[keep], mask[keep]),
-            (old_entropy if old_entropy is not None else token_entropy)[keep],
-            advantages[keep],
-            mask[keep],
-            rewards[keep],
+            parts.tokenizer,
+            batch.response_ids,
+            old_entropy if old_entropy is not None else token_entropy,
+            advantages,
+            mask,
+            rewards,
             max_rows=c.log.samples_rows,
         )
 
