@@ -200,6 +200,7 @@ class HFRollout:
 
         keep = prompt_mask.any(0).nonzero()[0, 0]  # drop columns that are padding in every row of this group
         prompts, prompt_mask = prompts[:, keep:], prompt_mask[:, keep:]
+        sampling = {} if greedy else {"temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
         recorder = None
         extra = {}
         if return_logprobs:
@@ -216,7 +217,6 @@ class HFRollout:
             }
             if not greedy:
                 sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": 0}
-        sampling = {} if greedy else {"temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
         config = GenerationConfig(
             max_new_tokens=max_new_tokens,
             do_sample=not greedy,
@@ -248,6 +248,7 @@ class HFRollout:
             # defers its stop check, so keep only as many columns as it returned tokens.
             logp = recorder.logprobs()[:, : responses.shape[1]].cpu().masked_fill(after_eos, 0.0)
         return responses, mask, logp
+
 
 def _sampling_warpers(temperature: float, top_p: float) -> list:
     """generate's own warpers for these settings, in its order (``_get_logits_processor``: temperature, top-k
@@ -302,7 +303,6 @@ class _GatherSampled:
         held, self.owner._scores = self.owner._scores, None
         self.owner._columns.append(torch.log_softmax(held.float(), -1).gather(1, input_ids[:, -1:]).squeeze(1))
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
 
 
 def _has_eos(responses: Tensor, mask: Tensor, eos_ids: list[int]) -> Tensor:
