@@ -499,6 +499,19 @@ ROWS: list[dict] = [
         "tests": [_T39, "tests/test_advantages_frameworks.py::test_optimal_token_baseline_by_hand"],
     },
     {
+        "name": "`gdpo` (advantage)",
+        "trl": "`multi_objective_aggregation=\"normalize_then_sum\"`: `(r_k - mean_g) / (std_g + 1e-4)`, `sum_k w_k`, then `(x - mean) / (std + 1e-4)` over responses (inline in `_generate_and_score_completions`: no callable piece)",
+        "verl": "`adv_estimator: gdpo` (`gdpo_reward_keys`, `gdpo_reward_weights`): GRPO per reward, `sum_k w_k`, `masked_whiten` over the batch's tokens",
+        "tepo": "`advantage: gdpo` over `reward.functions` (`[N, K]` columns, their weights); options `eps`, `norm_by_std`, `batch_norm` (`token` verl, `sequence` TRL/paper, `none`)",
+        "agree": "verl: defaults (float64 one-reward path 1e-12; two-reward path at float32); TRL: `eps=1e-4, batch_norm=sequence` (its formula by value)",
+        "differences": "verl computes the multi-reward path in float32 (casts the columns and weights); an all-equal group of one reward is exactly 0 in tepo (verl: float residue / (std + eps)); fewer than two reward functions refused by config",
+        "tests": [
+            "tests/test_integration_verl_gdpo_39.py::test_verl_gdpo_equals_ours",
+            "tests/test_gdpo.py::test_trl_normalize_then_sum_formula",
+            "tests/test_gdpo.py::test_each_reward_is_normalised_in_its_group_before_the_weighted_sum",
+        ],
+    },
+    {
         "name": "`remax` (advantage)",
         "trl": "none",
         "verl": "`adv_estimator: remax`: reward minus a greedy rollout's reward per prompt",

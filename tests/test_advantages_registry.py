@@ -182,7 +182,16 @@ def test_bad_declarations_fail_at_registration(scratch_registry):
     with pytest.raises(TypeError, match=r"requires \['logp'\] but its function has no keyword parameter"):
         register_advantage_estimator("bad_fn", requires=("logp",))(no_kw)
     assert "bad_name" not in ADVANTAGE_ESTIMATORS and "bad_fn" not in ADVANTAGE_ESTIMATORS
-    assert set(TENSOR_INPUTS) == {"logp", "old_logp", "ref_logp", "entropy", "mask", "sum_pi_squared"}
+    assert set(TENSOR_INPUTS) == {
+        "logp",
+        "old_logp",
+        "ref_logp",
+        "entropy",
+        "mask",
+        "sum_pi_squared",
+        "reward_components",
+        "reward_weights",
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------

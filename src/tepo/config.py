@@ -193,6 +193,10 @@ class RewardConfig:
     overlong_penalty_factor: float = 1.0
     # DAPO's overlong filtering: truncated responses (no EOS within rollout.max_new_tokens) are left out of the loss.
     overlong_filter: bool = False
+    # Named reward functions (tepo.rewards.REWARD_FUNCTIONS: correctness, format) with weights: the estimators read
+    # their weighted sum, gdpo each one; each is logged as reward/<name>_mean. E.g.
+    # [{name: correctness, weight: 1.0}, {name: format, weight: 0.5}].
+    functions: list = field(default_factory=lambda: [{"name": "correctness", "weight": 1.0}])
 
 
 @dataclass
@@ -563,7 +567,7 @@ def bf16_weights_on_cpu_message(dtype: str) -> str:
 
 
 def _reward_errors(c: RunConfig) -> list[str]:
-    from tepo.rewards import COMPLETION_ANSWER_FORMATS
+    from tepo.rewards import COMPLETION_ANSWER_FORMATS, parse_reward_functions
 
     errors = []
     r = c.reward
@@ -583,12 +587,14 @@ def _reward_errors(c: RunConfig) -> list[str]:
         errors.append(
             f"reward.overlong_penalty_factor: must be a finite number >= 0, got {r.overlong_penalty_factor}"
         )
+    errors += parse_reward_functions(r.functions)[1]
     return errors
 
 
 def _advantage_errors(c: RunConfig) -> list[str]:
     """Checks of the estimator against what it declares in the registry (never against its name)."""
     from tepo.advantages import ADVANTAGE_ESTIMATORS, TENSOR_INPUTS, estimator_requires
+    from tepo.rewards import parse_reward_functions
 
     name, options = c.algorithm.advantage, c.algorithm.advantage_options
     errors = []
@@ -606,6 +612,23 @@ def _advantage_errors(c: RunConfig) -> list[str]:
             f"reward.overlong_penalty_factor={c.reward.overlong_penalty_factor:g} from long responses, so a "
             "wrong long answer scores below 0. Set reward.overlong_buffer=0 (or overlong_penalty_factor=0), "
             "or use another estimator."
+        )
+    functions, bad_functions = parse_reward_functions(c.reward.functions)
+    try:
+        reads_components = "reward_components" in estimator_requires(name, options)
+    except ValueError:
+        reads_components = False  # unknown options: reported below
+    if reads_components and not bad_functions and len(functions) < 2:
+        errors.append(
+            f"algorithm.advantage={name!r} normalises each reward of reward.functions on its own and needs at "
+            f"least two, got {len(functions)} ({', '.join(n for n, _ in functions)}); e.g. "
+            "reward.functions='[{name: correctness, weight: 1.0}, {name: format, weight: 0.5}]'"
+        )
+    if reads_components and shaping:
+        errors.append(
+            f"algorithm.advantage={name!r} reads each reward of reward.functions, and the overlong penalty "
+            f"(reward.overlong_buffer={c.reward.overlong_buffer}) is not one of them, so it would be ignored; "
+            "set reward.overlong_buffer=0 or use another estimator"
         )
     inputs = sorted(set(options) & set(TENSOR_INPUTS))
     if inputs:
@@ -711,9 +734,11 @@ def _dry_run_advantages(c: RunConfig) -> None:
     import torch
 
     from tepo.advantages import compute_advantages
+    from tepo.rewards import parse_reward_functions
 
     g = max(c.rollout.group_size, 2)
     z = torch.zeros(g, 2)
+    k = max(len(parse_reward_functions(c.reward.functions)[0]), 1)
     compute_advantages(
         c.algorithm.advantage,
         torch.arange(g, dtype=torch.float32),
@@ -724,6 +749,8 @@ def _dry_run_advantages(c: RunConfig) -> None:
         entropy=z,
         mask=torch.ones(g, 2),
         sum_pi_squared=z,
+        reward_components=torch.zeros(g, k),
+        reward_weights=torch.ones(k),
         **c.algorithm.advantage_options,
     )
 

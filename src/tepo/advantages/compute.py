@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from tepo.advantages._common import validate_rewards
-from tepo.advantages.registry import TENSOR_INPUTS, get_advantage_estimator
+from tepo.advantages.registry import INPUT_SHAPES, TENSOR_INPUTS, get_advantage_estimator
 
 
 def compute_advantages(
@@ -22,11 +22,15 @@ def compute_advantages(
     entropy: Tensor | None = None,
     mask: Tensor | None = None,
     sum_pi_squared: Tensor | None = None,
+    reward_components: Tensor | None = None,
+    reward_weights: Tensor | None = None,
     **options: Any,
 ) -> Tensor:
     """Advantages of estimator ``name`` for ``rewards`` ``[N]`` grouped by ``group_size``.
 
-    Pass every per-token tensor available (``[N, T]``; None for those not computed): the estimator receives
+    Pass every per-token tensor available (``[N, T]``; None for those not computed), and with several reward
+    functions ``reward_components`` ``[N, K]`` (rewards = their weighted sum) and ``reward_weights`` ``[K]``
+    (GDPO reads them): the estimator receives
     only those it declared (`tepo.advantages.estimator_requires`), detached; a declared one that is None raises
     ValueError. ``options`` are the estimator's own. Returns ``[N]`` (sequence-level) or ``[N, T]``
     (token-level), detached, in float32 unless rewards are float64. Unknown names or options raise ValueError
@@ -43,13 +47,16 @@ def compute_advantages(
         "entropy": entropy,
         "mask": mask,
         "sum_pi_squared": sum_pi_squared,
+        "reward_components": reward_components,
+        "reward_weights": reward_weights,
     }
     if "mask" in needed and mask is None and est.token_level:
         raise ValueError(f"advantage estimator {name!r} is token-level and needs mask=[N, T] (got none)")
     missing = [key for key in TENSOR_INPUTS if key in needed and available[key] is None]
     if missing:
+        shapes = ", ".join(f"{key}={INPUT_SHAPES.get(key, '[N, T]')}" for key in missing)
         raise ValueError(
-            f"advantage estimator {name!r} needs {', '.join(f'{key}=[N, T]' for key in missing)} but "
+            f"advantage estimator {name!r} needs {shapes} but "
             f"{'it was' if len(missing) == 1 else 'they were'} not given (with these options it reads "
             f"{', '.join(k for k in TENSOR_INPUTS if k in needed)}; see tepo.advantages.estimator_requires)"
         )

@@ -277,3 +277,97 @@ def tir_optimal_token_baseline_advantages(
     adv = torch.zeros_like(returns)
     adv[m] = (packed_ret - baselines)[packed_mask]
     return adv * mf
+
+
+GDPO_BATCH_NORMS = ("token", "sequence", "none")
+
+
+@register_advantage_estimator(
+    "gdpo",
+    requires=("reward_components", "reward_weights", "mask"),
+    group_relative=True,
+    paper="GDPO 2601.05242; verl adv_estimator=gdpo; TRL multi_objective_aggregation=normalize_then_sum",
+)
+def gdpo_advantages(
+    rewards: Tensor,
+    group_size: int,
+    *,
+    reward_components: Tensor | None = None,
+    reward_weights: Tensor | None = None,
+    mask: Tensor | None = None,
+    eps: float = 1e-6,
+    norm_by_std: bool = True,
+    batch_norm: str = "token",
+) -> Tensor:
+    r"""GDPO, Group reward-Decoupled normalization Policy Optimization (2601.05242): each reward is normalised
+    within its group on its own, the normalised rewards are summed with their weights, and the sum is normalised
+    over the batch.
+
+    .. math:: \hat A^{(k)}_i = \frac{r^{(k)}_i - \operatorname{mean}_g r^{(k)}}{\operatorname{std}_g r^{(k)}
+              + \epsilon}, \qquad S_i = \sum_k w_k \hat A^{(k)}_i, \qquad
+              A_i = \frac{S_i - \mu}{\sqrt{\sigma^2 + 10^{-8}}}
+
+    ``r^(k)`` the ``K`` columns of ``reward_components`` ``[N, K]`` (one per reward function of
+    ``reward.functions``), ``w_k`` = ``reward_weights`` ``[K]``; ``std`` unbiased, ``eps = 1e-6``;
+    ``norm_by_std=False`` drops the division (verl's ``norm_adv_by_std_in_grpo``). ``rewards`` (the weighted
+    total the other estimators read) is not used. Batch step ``batch_norm``:
+
+    - ``"token"`` (default, verl 0.9.1 ``compute_gdpo_outcome_advantage``): ``masked_whiten`` over every valid
+      token, so ``mu`` and the unbiased ``sigma^2`` weight each response by its length (`masked_whiten`);
+    - ``"sequence"`` (the paper's Eq. and TRL 1.16 ``multi_objective_aggregation="normalize_then_sum"``):
+      ``A_i = (S_i - mean_N S) / (std_N S + eps)``, each response once, unbiased std; TRL uses ``eps = 1e-4``
+      in both places, so TRL's setting is ``eps=1e-4, batch_norm="sequence"``;
+    - ``"none"``: ``A_i = S_i``.
+
+    Why: with GRPO on the summed reward, a reward with a large spread drowns the others, and distinct reward
+    combinations collapse to one advantage; normalising each reward first gives each its own unit scale. An
+    all-equal group of one reward contributes exactly 0 for it (tepo's `zero_variance`; verl divides the float
+    residue by ``std + eps``, which is 0 for rewards whose group mean is exact, e.g. 0/1). G = 1: mean 0 and
+    std 1 (verl), so ``A^(k) = r^(k) / (1 + eps)``; tepo's config refuses G = 1 for group-relative estimators.
+    With K = 1 this is ``grpo`` followed by the batch step. Example, K = 2, w = (1, 1), G = 2, lengths 1,
+    r^(1) = (1, 0), r^(2) = (1, 1): A^(1) = (0.707, -0.707), A^(2) = (0, 0), S = (0.707, -0.707), and
+    ``"token"`` gives A = (0.707, -0.707) (mean 0, var 1).
+    """
+    check_nonnegative("gdpo", "eps", eps)
+    if batch_norm not in GDPO_BATCH_NORMS:
+        raise ValueError(f"gdpo option batch_norm must be one of {GDPO_BATCH_NORMS}, got {batch_norm!r}")
+    n = rewards.shape[0]
+    m = token_mask("gdpo", mask, n)
+    components, weights = _gdpo_inputs(reward_components, reward_weights, n)
+    k = components.shape[1]
+    groups = components.T.reshape(k, -1, group_size)  # [K, groups, G]
+    if group_size == 1:
+        normalised = groups / (1 + eps) if norm_by_std else groups
+    else:
+        centred = groups - groups.mean(dim=-1, keepdim=True)
+        if norm_by_std:
+            centred = centred / (groups.std(dim=-1, keepdim=True) + eps)
+        same = groups.amax(dim=-1, keepdim=True) == groups.amin(dim=-1, keepdim=True)
+        normalised = torch.where(same, 0.0, centred)
+    summed = (weights.view(k, 1, 1) * normalised).sum(0).flatten()
+    if batch_norm == "token":
+        mean, rstd = _whiten_stats(summed.unsqueeze(-1).expand(m.shape), m)
+        return (summed - mean) * rstd
+    if batch_norm == "sequence":
+        if n < 2:
+            raise ValueError("gdpo batch_norm='sequence' needs at least 2 responses")
+        return (summed - summed.mean()) / (summed.std() + eps)
+    return summed
+
+
+def _gdpo_inputs(components, weights, n: int) -> tuple[Tensor, Tensor]:
+    if not isinstance(components, Tensor) or components.dim() != 2 or components.shape[0] != n:
+        shape = tuple(components.shape) if isinstance(components, Tensor) else type(components).__name__
+        raise ValueError(f"gdpo: reward_components must be a Tensor [N={n}, K], got {shape}")
+    k = components.shape[1]
+    if k < 1:
+        raise ValueError("gdpo: reward_components has no column (K = 0); it needs one per reward function")
+    if not isinstance(weights, Tensor) or weights.shape != (k,):
+        shape = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights).__name__
+        raise ValueError(
+            f"gdpo: reward_weights must be a Tensor [K={k}] (one per reward column), got {shape}"
+        )
+    components, weights = components.detach().to(torch.float64), weights.detach().to(torch.float64)
+    if not (torch.isfinite(components).all() and torch.isfinite(weights).all()):
+        raise ValueError("gdpo: reward_components and reward_weights must be finite")
+    return components, weights

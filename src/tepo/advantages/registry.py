@@ -33,7 +33,20 @@ from torch import Tensor
 # entropy  the current policy's token entropy; mask 1 for response tokens, 0 for padding;
 # sum_pi_squared  sum over the vocabulary of pi(v)^2 at each position under the pre-update policy (the optimal
 #          token baseline's path variance; computed by the trainer's pre-update pass only when an estimator asks).
-TENSOR_INPUTS = ("logp", "old_logp", "ref_logp", "entropy", "mask", "sum_pi_squared")
+# Two are not per-token: reward_components [N, K], each response's reward from each of the K functions of
+# reward.functions (rewards [N] is their weighted sum), and reward_weights [K], those functions' weights (GDPO).
+TENSOR_INPUTS = (
+    "logp",
+    "old_logp",
+    "ref_logp",
+    "entropy",
+    "mask",
+    "sum_pi_squared",
+    "reward_components",
+    "reward_weights",
+)
+# The shape each input has, for messages.
+INPUT_SHAPES = {"reward_components": "[N, K]", "reward_weights": "[K]"}
 
 Requires = Iterable[str] | Callable[[Mapping[str, Any]], Iterable[str]]
 

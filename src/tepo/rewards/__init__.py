@@ -1,7 +1,8 @@
 """Verifiable rewards: math answers checked by math-verify in a pool of sandboxed worker processes.
 
 See ``pool.py`` for the safety design, ``answers.py`` for how the final answer is taken from a completion (and
-the one list of answer-format names, ``ANSWER_FORMATS``), and ``shaping.py`` for DAPO's overlong reward shaping.
+the one list of answer-format names, ``ANSWER_FORMATS``), ``functions.py`` for the named reward functions of
+``reward.functions`` (correctness, format), and ``shaping.py`` for DAPO's overlong reward shaping.
 """
 
 from .answers import (
@@ -12,6 +13,13 @@ from .answers import (
     END_OF_TEXT_MARKERS,
     extract_final_answer,
     strip_trailer,
+)
+from .functions import (
+    DEFAULT_REWARD_FUNCTIONS,
+    REWARD_FUNCTIONS,
+    format_reward,
+    parse_reward_functions,
+    reward_columns,
 )
 from .pool import STATUSES, MathRewardPool, RewardFuture, RewardResult, RewardStats
 from .single import math_equal
@@ -34,16 +42,21 @@ __all__ = [
     "ANSWER_FORMAT_DESCRIPTIONS",
     "COMPLETION_ANSWER_FORMATS",
     "DEFAULT_MAX_CHARS",
+    "DEFAULT_REWARD_FUNCTIONS",
     "END_OF_TEXT_MARKERS",
+    "REWARD_FUNCTIONS",
     "STATUSES",
     "MathRewardPool",
     "RewardFuture",
     "RewardResult",
     "RewardStats",
     "extract_final_answer",
+    "format_reward",
     "mask_truncated",
     "math_equal",
     "overlong_filter_mask",
     "overlong_penalty",
+    "parse_reward_functions",
+    "reward_columns",
     "strip_trailer",
 ]

@@ -16,6 +16,7 @@ from torch import Tensor
 from tepo.advantages import filter_groups
 from tepo.batch import concat_rollouts, select_rollout_rows
 from tepo.data import Problem, PromptStream, build_prompt_ids
+from tepo.rewards.functions import reward_columns
 from tepo.rewards.shaping import overlong_penalty
 from tepo.rollout.base import RolloutBatch
 
@@ -46,7 +47,9 @@ class Collected:
     """A step's training batch: rows grouped by prompt (G contiguous rows each), with verified rewards."""
 
     batch: RolloutBatch | None  # None when dynamic sampling kept no group
-    rewards: Tensor | None  # what the advantages are computed from: correctness plus any reward shaping
+    rewards: Tensor | None  # what advantages are computed from: reward.functions' weighted sum plus shaping
+    # [N, K]: each reward function's reward per row (reward.functions order; GDPO reads it); None when no batch
+    reward_components: Tensor | None = None
     statuses: list[str] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     metrics: dict = field(default_factory=dict)
@@ -81,6 +84,7 @@ def collect_rollouts(
     dynamic_sampling: bool = False,
     max_resample_rounds: int = 0,
     overlong: OverlongShaping | None = None,
+    reward_functions: Sequence[tuple[str, float]] = (("correctness", 1.0),),
 ) -> Collected:
     """Sample and score ``prompts`` prompts; with dynamic sampling, drop all-equal groups and refill.
 
@@ -93,9 +97,16 @@ def collect_rollouts(
     sampling still keeps or drops a group by its correctness rewards (verl's DAPO filters on ``acc``): a group
     that is all wrong stays uninformative about correctness however its lengths differ. ``reward_mean`` and
     ``accuracy`` stay correctness, so runs with and without shaping compare on the same scale.
+
+    ``reward_functions``: ``(name, weight)`` pairs (``tepo.rewards.functions``); the rewards are
+    ``sum_k weight_k * reward_k`` (plus shaping), ``reward_components`` holds each ``reward_k`` as a column, and
+    ``reward/<name>_mean`` each one's mean over the first round. The default, correctness with weight 1, gives the
+    correctness reward itself. Dynamic sampling still filters on correctness.
     """
+    names = [name for name, _ in reward_functions]
+    weights = torch.tensor([float(w) for _, w in reward_functions], dtype=torch.float32)
     g = settings.group_size
-    kept_batches, kept_rewards, kept_status, kept_problems = [], [], [], []
+    kept_batches, kept_rewards, kept_status, kept_problems, kept_components = [], [], [], [], []
     stats = defaultdict(float)
     rounds = 1 + (max_resample_rounds if dynamic_sampling else 0)
     first_rewards = None
@@ -111,7 +122,10 @@ def collect_rollouts(
         rewards = torch.tensor(
             [v.reward for v in verdicts], dtype=torch.float32, device=batch.input_ids.device
         )
-        shaped = rewards
+        components = torch.tensor(
+            reward_columns(names, batch.texts, [v.reward for v in verdicts]), dtype=torch.float32
+        ).T.to(rewards.device)
+        shaped = components @ weights.to(rewards.device)
         if overlong is not None:
             penalty = overlong_penalty(
                 batch.response_lengths,
@@ -119,11 +133,13 @@ def collect_rollouts(
                 buffer_len=overlong.buffer_len,
                 penalty_factor=overlong.penalty_factor,
             )
-            shaped = rewards + penalty
+            shaped = shaped + penalty
             stats["overlong_penalty_sum"] += float(penalty.sum())
             stats["overlong_penalty_rows"] += len(penalty)
         if first_rewards is None:
             first_rewards = rewards
+            for name, column in zip(names, components.T):
+                stats[f"reward/{name}_mean"] = float(column.mean())
         stats["reward_timeouts"] += sum(v.status == "timeout" for v in verdicts)
         stats["reward_errors"] += sum(v.status == "error" for v in verdicts)
         stats["no_answer"] += sum(v.status == "no_answer" for v in verdicts)
@@ -136,11 +152,13 @@ def collect_rollouts(
             if len(keep_rows):
                 kept_batches.append(select_rollout_rows(batch, keep_rows))
                 kept_rewards.append(shaped[keep_rows])
+                kept_components.append(components[keep_rows])
                 kept_status += [verdicts[i].status for i in keep_rows.tolist()]
                 kept_problems += [problems[int(i) // g] for i in keep_rows[::g].tolist()]
         else:
             kept_batches.append(batch)
             kept_rewards.append(shaped)
+            kept_components.append(components)
             kept_status += [v.status for v in verdicts]
             kept_problems += problems
         if sum(len(r) for r in kept_rewards) >= prompts * g:
@@ -158,11 +176,17 @@ def collect_rollouts(
     if not kept_batches:
         return Collected(batch=None, rewards=None, metrics=dict(stats))
     batch = concat_rollouts(kept_batches, rollout.pad_token_id)
-    rewards = torch.cat(kept_rewards)
+    rewards, components = torch.cat(kept_rewards), torch.cat(kept_components)
     limit = prompts * g
     if len(rewards) > limit:
         batch = select_rollout_rows(batch, torch.arange(limit, device=batch.input_ids.device))
         rewards, kept_status, kept_problems = rewards[:limit], kept_status[:limit], kept_problems[:prompts]
+        components = components[:limit]
     return Collected(
-        batch=batch, rewards=rewards, statuses=kept_status, problems=kept_problems, metrics=dict(stats)
+        batch=batch,
+        rewards=rewards,
+        statuses=kept_status,
+        problems=kept_problems,
+        metrics=dict(stats),
+        reward_components=components,
     )

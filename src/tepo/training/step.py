@@ -17,6 +17,7 @@ from tepo.advantages import compute_advantages, estimator_requires
 from tepo.lora import scoring
 from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
 from tepo.metrics.tokens import record_step_samples
+from tepo.rewards.functions import parse_reward_functions
 from tepo.rewards.shaping import mask_truncated
 from tepo.training.collect import Collected, collect_rollouts
 from tepo.training.logprob_pass import batch_logprobs
@@ -45,6 +46,7 @@ def collect_step(trainer, pool, step: int) -> Collected:
         dynamic_sampling=c.algorithm.dynamic_sampling,
         max_resample_rounds=c.algorithm.max_resample_rounds,
         overlong=trainer.overlong,
+        reward_functions=parse_reward_functions(c.reward.functions)[0],
     )
 
 
@@ -95,6 +97,8 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
     row["logprob_tokens_per_s"] = float(mask.sum()) / logprob_seconds if logprob_seconds > 0.01 else None
 
     # 4. Advantages: the estimator is handed every tensor there is and takes what it declared it needs.
+    weights = [w for _, w in parse_reward_functions(c.reward.functions)[0]]
+    components = collected.reward_components
     advantages = compute_advantages(
         c.algorithm.advantage,
         rewards,
@@ -105,6 +109,8 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
         entropy=old_entropy,
         mask=mask,
         sum_pi_squared=sum_pi_squared,
+        reward_components=components.to(trainer.device) if components is not None else None,
+        reward_weights=torch.tensor(weights, device=trainer.device),
         **c.algorithm.advantage_options,
     )
 
