@@ -12,7 +12,12 @@ Single process (CPU or one GPU)::
 Several GPUs, with vLLM generating in the training processes (colocate mode)::
 
     accelerate launch --num_processes 8 examples/trl_gsm8k_tepo.py \\
-        --model Qwen/Qwen2.5-7B-Instruct --use-vllm --bf16
+        --model Qwen/Qwen2.5-7B-Instruct --use-vllm
+
+``--precision auto`` (the default) gives TRL ``bf16=True`` only where the hardware computes bf16 natively
+(``tepo.precision.trainer_bf16``: a GPU from Ampere on, a CPU with avx512_bf16/amx_bf16 or Arm bf16) and
+``bf16=False`` elsewhere, where emulated bf16 is up to 28x slower than float32; ``--precision bf16|float32``
+(or the older ``--bf16``) forces it.
 
 ``--data`` is a JSONL file with ``problem`` and ``answer`` fields (tepo's GSM8K format; default
 ``$TEPO_DATA_DIR/gsm8k/train.jsonl``) or a Hugging Face dataset name (``openai/gsm8k``, config ``main``:
@@ -114,7 +119,13 @@ def main() -> None:
         choices=["token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "off"],
         help="TRL's importance-sampling correction of the vLLM sampler (with --use-vllm); off disables it",
     )
-    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument(
+        "--precision",
+        choices=("auto", "bf16", "float32"),
+        default="auto",
+        help="TRL's bf16 flag: auto = bf16 where the hardware computes it natively (tepo.precision), else float32",
+    )
+    parser.add_argument("--bf16", action="store_true", help="same as --precision bf16")
     parser.add_argument("--cpu", action="store_true", help="train on CPU even when a GPU is present")
     parser.add_argument("--reward-workers", type=int, default=4)
     parser.add_argument(
@@ -137,7 +148,11 @@ def main() -> None:
     from tepo.integrations.trl import TepoGRPOTrainer
     from tepo.losses import get_policy_loss
     from tepo.models import resolve_model_path
+    from tepo.precision import trainer_bf16
 
+    precision = "bf16" if args.bf16 else args.precision
+    bf16 = trainer_bf16("cpu" if args.cpu else None) if precision == "auto" else precision == "bf16"
+    print(f"precision: {'bf16' if bf16 else 'float32'} (--precision {precision})", flush=True)
     loss_options = {"tepo_kl_mask_coef": args.tepo_kl_mask_coef}
     if get_policy_loss(args.loss).has_clip_pair:  # losses with eps_low / eps_high accept the symmetric eps
         loss_options["eps"] = args.eps
@@ -158,7 +173,7 @@ def main() -> None:
         logging_steps=1,
         save_strategy="no" if args.smoke else "steps",
         save_steps=50,
-        bf16=args.bf16,
+        bf16=bf16,
         use_vllm=args.use_vllm,
         vllm_mode="colocate",
         # TRL's weights of the vLLM/trainer mismatch; the adapter hands them to the tepo loss as is_weights.

@@ -348,3 +348,16 @@ def test_tepo_env_reports_versions_hardware_and_picks(capsys):
     assert main(["env"]) == 0
     text = capsys.readouterr().out
     assert "versions:" in text and "picks here:" in text and cpu_info().model in text
+
+
+def test_trainer_bf16_for_other_trainers_follows_the_hardware(zen3):
+    from tepo.precision import trainer_bf16
+
+    assert trainer_bf16("cpu") is False  # the faked Zen 3
+    assert trainer_bf16(None) is False  # no CUDA here: the CPU's answer
+
+
+def test_trl_example_asks_precision():
+    """examples/trl_gsm8k_tepo.py passes TRL the precision tepo.precision picks (no literal bf16 flag)."""
+    source = (ROOT / "examples" / "trl_gsm8k_tepo.py").read_text()
+    assert "trainer_bf16(" in source and "bf16=bf16," in source and "bf16=args.bf16" not in source

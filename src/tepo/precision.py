@@ -215,6 +215,16 @@ def standalone_generate_autocast(device: str = "cpu", *, cpu: CpuInfo | None = N
     return native_bf16(device, cpu=cpu).native
 
 
+def trainer_bf16(device: str | None = None) -> bool:
+    """The ``bf16`` flag to give another trainer (TRL's ``GRPOConfig(bf16=...)``, accelerate's mixed precision)
+    on ``device`` (None: CUDA when available, else the CPU): bf16 where the hardware computes it natively."""
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return native_bf16(device).native
+
+
 def config_precision_errors(model_autocast_bf16, rollout_autocast_bf16, vllm_dtype) -> list[str]:
     """Form checks of the three settings (the rest of their check is the type's)."""
     errors = []
