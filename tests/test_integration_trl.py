@@ -278,6 +278,8 @@ def test_refuses_what_it_cannot_honour(tmp_path, embedded_model):
         _trainer(tmp_path, model, tokenizer, config={"loss_type": "sapo"})
     with pytest.raises(ValueError, match="needs entropy at advantage time, which TRL does not compute"):
         _trainer(tmp_path, model, tokenizer, advantage_estimator="entropy_adv")
+    with pytest.raises(ValueError, match=r"needs reward_components, reward_weights .*normalize_then_sum"):
+        _trainer(tmp_path, model, tokenizer, advantage_estimator="gdpo")
     with pytest.raises(ValueError, match="unknown advantage_estimator"):
         _trainer(tmp_path, model, tokenizer, advantage_estimator="nope")
 

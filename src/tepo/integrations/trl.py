@@ -170,9 +170,15 @@ class TepoGRPOTrainer(GRPOTrainer):
             missing = estimator_requires(advantage_estimator, advantage_options) - {"mask"}
             if missing:
                 available = [n for n in ADVANTAGE_ESTIMATORS if not estimator_requires(n) - {"mask"}]
+                gdpo = (
+                    " (for GDPO, TRL's own multi_objective_aggregation='normalize_then_sum' is tepo's gdpo with "
+                    "eps=1e-4, batch_norm='sequence')"
+                    if "reward_components" in missing
+                    else ""
+                )
                 raise ValueError(
                     f"advantage_estimator {advantage_estimator!r} needs {', '.join(sorted(missing))} at advantage "
-                    f"time, which TRL does not compute; use one of {', '.join(available)}"
+                    f"time, which TRL does not compute; use one of {', '.join(available)}{gdpo}"
                 )
         elif advantage_options:
             raise ValueError("advantage_options given without advantage_estimator")
