@@ -127,7 +127,7 @@ def test_the_update_phase_creates_no_tensor_without_a_device(one_torch_thread):
     from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
     from tepo.rollout.base import RolloutBatch
     from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
-    from tepo.training.update import UpdateSettings, update_policy
+    from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
 
     groups, g, p, t = 2, 3, 3, 4
     n = groups * g
@@ -164,15 +164,16 @@ def test_the_update_phase_creates_no_tensor_without_a_device(one_torch_thread):
             optimizer,
             scheduler,
             batch,
-            advantages,
-            UpdateSettings("tepo", {}, 2, groups, g, 1.0, float(t)),
-            settings,
-            old_logp=old_logp,
-            old_entropy=old_entropy,
-            ref_logp=None,
+            RowTensors(
+                advantages=advantages,
+                mask=batch.response_mask * keep,
+                old_logp=old_logp,
+                old_entropy=old_entropy,
+                is_weights=weights,
+                rollout_logp=batch.rollout_logp,
+            ),
+            UpdatePlan(UpdateSettings("tepo", {}, 2, groups, g, 1.0, float(t)), settings),
             generator=torch.Generator().manual_seed(0),
-            loss_mask=batch.response_mask * keep,
-            is_weights=weights,
         )
         rollout_mismatch_metrics(old_logp, batch.rollout_logp, batch.response_mask)
     allowed = set()

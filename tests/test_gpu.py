@@ -85,7 +85,7 @@ def _batch():
 def _update(device: str, *, autocast: bool = False):
     """Parameters after two AdamW updates (2 epochs, shuffled) of a tiny Llama on ``device``."""
     from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
-    from tepo.training.update import UpdateSettings, update_policy
+    from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
 
     model = tiny_llama(0).train().to(device)
     batch = _batch().to(device)
@@ -99,12 +99,14 @@ def _update(device: str, *, autocast: bool = False):
         optimizer,
         scheduler,
         batch,
-        advantages,
-        UpdateSettings("tepo", {}, 2, GROUPS // 2, G, 1.0, float(RESPONSE)),
-        settings,
-        old_logp=old_logp,
-        old_entropy=old_entropy,
-        ref_logp=None,
+        RowTensors(
+            advantages=advantages,
+            mask=batch.response_mask,
+            old_logp=old_logp,
+            old_entropy=old_entropy,
+            rollout_logp=batch.rollout_logp,
+        ),
+        UpdatePlan(UpdateSettings("tepo", {}, 2, GROUPS // 2, G, 1.0, float(RESPONSE)), settings),
         generator=torch.Generator().manual_seed(0),
     )
     return out, torch.cat([p.detach().flatten().cpu() for p in model.parameters()])

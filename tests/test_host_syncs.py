@@ -22,7 +22,7 @@ from tepo.losses import compute_policy_loss
 from tepo.losses._common import deferred_metrics, resolve_values
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings
-from tepo.training.update import UpdateSettings, update_policy
+from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -106,12 +106,8 @@ def _update(micro: int, advantages=None, loss="tepo", count=False):
             optimizer,
             scheduler,
             batch,
-            advantages,
-            settings,
-            logprob,
-            old_logp=None,
-            old_entropy=None,
-            ref_logp=ref,
+            RowTensors(advantages=advantages, mask=batch.response_mask, ref_logp=ref),
+            UpdatePlan(settings, logprob),
             generator=torch.Generator().manual_seed(0),
         )
     return out, counter.count, model

@@ -14,7 +14,7 @@ from tepo.config import load_config
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings
 from tepo.training.schedule import lr_factor, updates_per_step
-from tepo.training.update import UpdateSettings, update_policy
+from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
 
 
 def test_lr_factor_closed_form():
@@ -65,12 +65,8 @@ def test_a_skipped_update_still_advances_the_schedule(monkeypatch):
         return (loss * float("nan") if len(calls) == 1 else loss), metrics
 
     monkeypatch.setattr(tepo.training.update, "compute_policy_loss", nan_on_first_call)
-    out = update_policy(
-        model,
-        optimizer,
-        scheduler,
-        _tiny_batch(),
-        torch.tensor([1.0, -1.0, 0.5, -0.5]),
+    batch = _tiny_batch()
+    plan = UpdatePlan(
         UpdateSettings(
             loss="grpo",
             loss_options={},
@@ -87,9 +83,14 @@ def test_a_skipped_update_still_advances_the_schedule(monkeypatch):
             share_prompt_prefix=False,
             train_attention="model",
         ),
-        old_logp=None,
-        old_entropy=None,
-        ref_logp=None,
+    )
+    out = update_policy(
+        model,
+        optimizer,
+        scheduler,
+        batch,
+        RowTensors(advantages=torch.tensor([1.0, -1.0, 0.5, -0.5]), mask=batch.response_mask),
+        plan,
         generator=torch.Generator().manual_seed(0),
     )
     assert (out["skipped_updates"], out["optimizer_updates"]) == (1, 1)

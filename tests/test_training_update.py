@@ -13,7 +13,7 @@ from helpers import tiny_llama
 from tepo.losses.rollout_correction import rollout_correction_weights
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
-from tepo.training.update import RolloutCorrection, UpdateSettings, update_policy
+from tepo.training.update import RolloutCorrection, RowTensors, UpdatePlan, UpdateSettings, update_policy
 
 GROUPS, G, PROMPT, RESPONSE = 8, 4, 3, 6
 
@@ -46,44 +46,59 @@ def batch() -> RolloutBatch:
     )
 
 
-def _settings(micro: int) -> LogprobSettings:
+def _settings(micro: int, tokens: int | None = None) -> LogprobSettings:
     return LogprobSettings(
         micro_batch_size=micro,
         temperature=1.0,
         autocast_bf16=False,
         share_prompt_prefix=False,
         train_attention="model",
+        micro_batch_tokens=tokens,
     )
 
 
-def _updated(model, batch, loss, micro, *, loss_options=None, mini_groups=GROUPS, **kwargs) -> torch.Tensor:
-    """Parameters after one step of update_policy with plain SGD (lr 1): the summed gradient, exactly applied."""
+def _updated(
+    model,
+    batch,
+    loss,
+    micro,
+    *,
+    loss_options=None,
+    mini_groups=GROUPS,
+    tokens=None,
+    correction=None,
+    **tensors,
+) -> torch.Tensor:
+    """Parameters after one step of update_policy with plain SGD (lr 1): the summed gradient, exactly applied.
+    ``tensors``: RowTensors fields beside the advantages (``loss_mask`` as ``mask``)."""
     model = copy.deepcopy(model)
     torch.manual_seed(123)  # clip_cov draws its token set from torch's RNG: the same draw for every size
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _u: 1.0)
-    advantages = torch.linspace(-1.5, 1.5, GROUPS * G)
+    advantages = tensors.pop("advantages", torch.linspace(-1.5, 1.5, GROUPS * G))
+    mask = tensors.pop("loss_mask", None)
+    settings = UpdateSettings(
+        loss=loss,
+        loss_options=loss_options or {},
+        epochs=1,
+        mini_batch_groups=mini_groups,
+        group_size=G,
+        max_grad_norm=1e9,
+        max_len=float(RESPONSE),
+    )
     update_policy(
         model,
         optimizer,
         scheduler,
         batch,
-        advantages,
-        UpdateSettings(
-            loss=loss,
-            loss_options=loss_options or {},
-            epochs=1,
-            mini_batch_groups=mini_groups,
-            group_size=G,
-            max_grad_norm=1e9,
-            max_len=float(RESPONSE),
+        RowTensors(
+            advantages=advantages,
+            mask=batch.response_mask if mask is None else mask,
+            rollout_logp=batch.rollout_logp,
+            **tensors,
         ),
-        _settings(micro),
-        old_logp=kwargs.pop("old_logp", None),
-        old_entropy=None,
-        ref_logp=None,
+        UpdatePlan(settings, _settings(micro, tokens), correction),
         generator=torch.Generator().manual_seed(0),
-        **kwargs,
     )
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 

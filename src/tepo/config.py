@@ -153,6 +153,10 @@ class TrainConfig:
     ppo_epochs: int = 1
     mini_batch_prompts: int | None = None  # None: the whole batch in one update per epoch
     micro_batch_size: int = 16  # sequences per forward/backward (gradient accumulation beyond it)
+    # A budget of computed tokens per micro-batch instead (rows x their longest prompt + response; rows sorted by
+    # length so like lengths run together: tepo.training.micro_batches), for the update and the no-grad log-prob
+    # passes alike. None: micro_batch_size rows in rollout order. The same gradient either way (docs/performance.md).
+    micro_batch_tokens: int | None = None
     seed: int = 0
     output_dir: str = "runs"
     run_name: str | None = None
@@ -469,6 +473,14 @@ def validate(config: RunConfig) -> list[str]:
         "train.max_bad_steps": c.train.max_bad_steps,
     }
     errors += [f"{key}: must be >= 1, got {value}" for key, value in positive.items() if value < 1]
+    if c.train.micro_batch_tokens is not None and (
+        isinstance(c.train.micro_batch_tokens, bool)
+        or not isinstance(c.train.micro_batch_tokens, int)
+        or c.train.micro_batch_tokens < 1
+    ):
+        errors.append(
+            f"train.micro_batch_tokens: must be an int >= 1 or null, got {c.train.micro_batch_tokens!r}"
+        )
     errors += config_precision_errors(c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm_dtype)
     if c.rollout.temperature <= 0:
         errors.append(f"rollout.temperature: must be > 0, got {c.rollout.temperature}")

@@ -358,11 +358,13 @@ def _row_blocks(matrix: Tensor):
 
 
 def _scatter_rows(chunks: list[Tensor], valid: Tensor) -> Tensor:
-    """Place per-valid-position values back into an ``[N, T]`` float32 tensor (0 where ``valid`` is False)."""
-    out = torch.zeros(valid.shape, dtype=torch.float32, device=valid.device)
+    """Place per-valid-position values back into an ``[N, T]`` float32 tensor (0 where ``valid`` is False); a
+    float64 model's values stay float64 (the exactness tests of the update run in float64)."""
+    dtype = torch.float64 if chunks and chunks[0].dtype == torch.float64 else torch.float32
+    out = torch.zeros(valid.shape, dtype=dtype, device=valid.device)
     if not chunks:
         return out
-    return out.masked_scatter(valid, torch.cat(chunks).float())
+    return out.masked_scatter(valid, torch.cat(chunks).to(dtype))
 
 
 def _split_model(model):

@@ -69,6 +69,7 @@ _NOT_EVAL_KEYS = {
     "train.ppo_epochs",
     "train.mini_batch_prompts",
     "train.micro_batch_size",
+    "train.micro_batch_tokens",
     "train.prompts_per_step",
     "rollout.group_size",
     "rollout.temperature",

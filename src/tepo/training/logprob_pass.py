@@ -18,6 +18,7 @@ from tepo.device import autocast_device_type
 from tepo.logprobs import response_logprobs
 from tepo.models import attention_implementation, training_attention
 from tepo.rollout.base import RolloutBatch
+from tepo.training.micro_batches import MicroBatchLayout, RowLengths, split_rows
 
 
 def bf16_autocast(enabled: bool, device_type: str = "cpu"):
@@ -62,6 +63,14 @@ class LogprobSettings:
     autocast_bf16: bool
     share_prompt_prefix: bool
     train_attention: str
+    # train.micro_batch_tokens: a padded-area budget per micro-batch, rows sorted by length
+    # (tepo.training.micro_batches); None: micro_batch_size rows in rollout order. One key for the update and the
+    # no-grad passes, as micro_batch_size is.
+    micro_batch_tokens: int | None = None
+
+    @property
+    def layout(self) -> MicroBatchLayout:
+        return MicroBatchLayout(rows=self.micro_batch_size, tokens=self.micro_batch_tokens)
 
 
 def held_attention(model, batch: RolloutBatch, settings: LogprobSettings):
@@ -109,8 +118,9 @@ def batch_logprobs(
     logp_all = torch.zeros(n, t, device=device)
     ent_all = torch.zeros(n, t, device=device) if entropy else None
     pi2_all = torch.zeros(n, t, device=device) if sum_pi_squared else None
+    lengths = RowLengths.of(batch) if settings.micro_batch_tokens is not None else None
     with held_attention(model, batch, settings):
-        for rows in torch.arange(n).split(settings.micro_batch_size):
+        for rows in split_rows(torch.arange(n), settings.layout, lengths):
             if sum_pi_squared:
                 ids, att, t_rows, cols = trim_columns(
                     batch.input_ids[rows], batch.attention_mask[rows], batch.response_len
@@ -130,9 +140,9 @@ def batch_logprobs(
                 pi2_all[rows, cols] = pi2
             else:
                 logp, ent, cols = rows_logprobs(model, batch, rows, settings, entropy=entropy, grad=False)
-            logp_all[rows, cols] = logp
+            logp_all[rows, cols] = logp.float()  # float32 also for a float64 model (the exactness tests')
             if entropy:
-                ent_all[rows, cols] = ent
+                ent_all[rows, cols] = ent.float()
     if sum_pi_squared:
         return logp_all, ent_all, pi2_all
     return logp_all, ent_all

@@ -22,7 +22,7 @@ from tepo.rewards.shaping import mask_truncated
 from tepo.training.collect import Collected, collect_rollouts
 from tepo.training.logprob_pass import batch_logprobs
 from tepo.training.schedule import advance_schedule
-from tepo.training.update import update_policy
+from tepo.training.update import RowTensors, update_policy
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -114,19 +114,17 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
         **c.algorithm.advantage_options,
     )
 
-    # 5. The loss mask, and the off-policy correction of the sampler/trainer gap: importance weights (and dropped tokens) from the
-    #    old-policy pass, or per micro-batch from the update's own forward pass when there is none.
+    # 5. The loss mask, and the off-policy correction of the sampler/trainer gap, computed once per step: importance
+    #    weights (and dropped tokens) from the old-policy pass, or, when there is none, per micro-batch from the
+    #    update's own forward pass (parts.update_plan.correction) and its metrics after the update.
     #    DAPO's overlong filtering leaves truncated responses out of the loss (after their group statistics).
     loss_mask = mask_truncated(mask, batch.truncated) if c.reward.overlong_filter else mask
-    is_weights, in_loop_correction = None, None
-    if parts.correction is not None:
-        if old_logp is not None:
-            is_weights, keep, _ = rollout_correction_weights(
-                old_logp, batch.rollout_logp, mask, mode=parts.correction.mode, **parts.correction.options
-            )
-            loss_mask = loss_mask * keep
-        else:
-            in_loop_correction = parts.correction
+    is_weights, correction_metrics = None, None
+    if parts.correction is not None and old_logp is not None:
+        is_weights, keep, correction_metrics = rollout_correction_weights(
+            old_logp, batch.rollout_logp, mask, mode=parts.correction.mode, **parts.correction.options
+        )
+        loss_mask = loss_mask * keep
 
     # 6. Update: ppo_epochs x mini-batches of gradient-accumulated micro-batches.
     start = time.perf_counter()
@@ -135,17 +133,18 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
         parts.optimizer,
         parts.scheduler,
         batch,
-        advantages,
-        parts.update_settings,
-        parts.logprob_settings,
-        old_logp=old_logp,
-        old_entropy=old_entropy,
-        ref_logp=ref_logp,
+        RowTensors(
+            advantages=advantages,
+            mask=loss_mask,
+            old_logp=old_logp,
+            old_entropy=old_entropy,
+            ref_logp=ref_logp,
+            is_weights=is_weights,
+            rollout_logp=batch.rollout_logp,
+        ),
+        parts.update_plan,
         generator=torch.Generator().manual_seed(c.train.seed * 7919 + trainer.step),
         after_optimizer_step=parts.rollout.weights_updated,
-        loss_mask=loss_mask,
-        is_weights=is_weights,
-        correction=in_loop_correction,
     )
     update_seconds = time.perf_counter() - start
     token_entropy, token_logp = update.pop("token_entropy"), update.pop("token_logp")
@@ -155,15 +154,15 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
     if batch.rollout_logp is not None:
         row.update(rollout_mismatch_metrics(trainer_logp, batch.rollout_logp, mask))
         if parts.correction is not None:
-            row.update(
-                rollout_correction_weights(
+            if correction_metrics is None:  # corrected in the update's loop: its whole-batch metrics, once
+                correction_metrics = rollout_correction_weights(
                     trainer_logp,
                     batch.rollout_logp,
                     mask,
                     mode=parts.correction.mode,
                     **parts.correction.options,
                 )[2]
-            )
+            row.update(correction_metrics)
 
     # 8. Record a sample of tokens with their pre-update entropy and advantage (the report's token view).
     if c.log.samples_every and (trainer.step + 1) % c.log.samples_every == 0:

@@ -55,7 +55,7 @@ from tepo.training.logprob_pass import LogprobSettings
 from tepo.training.overlap import RolloutPrefetch, overlap_cores_note
 from tepo.training.schedule import lr_factor, updates_per_step
 from tepo.training.step import collect_step, train_step
-from tepo.training.update import RolloutCorrection, UpdateSettings
+from tepo.training.update import RolloutCorrection, UpdatePlan, UpdateSettings
 
 EVAL_BEFORE = "eval_before.json"
 
@@ -206,6 +206,7 @@ class Trainer:
             autocast_bf16=c.model.autocast_bf16,
             share_prompt_prefix=c.model.share_prompt_prefix,
             train_attention=c.model.train_attention,
+            micro_batch_tokens=c.train.micro_batch_tokens,
         )
         self.update_settings = UpdateSettings(
             loss=c.algorithm.loss,
@@ -228,6 +229,11 @@ class Trainer:
             or bool(needs & {"logp", "old_logp", "entropy", "sum_pi_squared"})
             or correction_needs_old_pass(mode, c.algorithm.rollout_correction_options)
             or get_policy_loss(c.algorithm.loss).needs_batch_stats
+        )
+        # Without an old-policy pass, a correction (one that drops nothing) is computed per micro-batch from the
+        # update's own forward pass; with one, the step computes it once and hands its weights to the update.
+        self.update_plan = UpdatePlan(
+            self.update_settings, self.logprob_settings, None if self.needs_old_pass else self.correction
         )
 
         self.step = 0

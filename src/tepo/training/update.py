@@ -20,6 +20,7 @@ from tepo.losses._common import deferred_metrics, resolve_values
 from tepo.losses.rollout_correction import rollout_correction_weights
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, held_attention, release_free_heap, rows_logprobs
+from tepo.training.micro_batches import MicroBatchLayout, RowLengths, split_rows
 from tepo.training.schedule import advance_schedule
 
 
@@ -56,20 +57,76 @@ class RolloutCorrection:
     options: dict
 
 
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How a run's updates are made, decided once by the trainer: the loss and its schedule (``settings``), how
+    every log-prob pass is computed (``passes``, which holds the micro-batch layout), and ``correction``: a
+    rollout correction to compute per micro-batch from the update's own forward pass (a mode that drops
+    nothing, when there is no old-policy pass; with one, the step computes the weights once and hands them in
+    :class:`RowTensors`)."""
+
+    settings: UpdateSettings
+    passes: LogprobSettings
+    correction: RolloutCorrection | None = None
+
+    @property
+    def layout(self) -> MicroBatchLayout:
+        return self.passes.layout
+
+
+@dataclass(frozen=True)
+class RowTensors:
+    """Every per-row tensor the loss may read, ``[N]`` or ``[N, T]`` over the step's rows, sliced together.
+
+    ``mask``: the loss mask (the response mask less truncated rows under overlong filtering and tokens a
+    rollout correction dropped: they leave the token counts too). ``old_logp`` / ``old_entropy`` None: the
+    update's own detached forward pass is the old policy (exact for a single update per rollout).
+    ``is_weights``: the correction's per-token weights, computed once per step from the old-policy pass.
+    ``rollout_logp``: the sampler's log-probs (the behaviour policy of DPPO, off_policy_mask, M2PO).
+    """
+
+    advantages: Tensor
+    mask: Tensor
+    old_logp: Tensor | None = None
+    old_entropy: Tensor | None = None
+    ref_logp: Tensor | None = None
+    is_weights: Tensor | None = None
+    rollout_logp: Tensor | None = None
+
+    def rows(self, index, cols: slice = slice(None)) -> RowTensors:
+        """The rows ``index`` (and of ``[N, T]`` tensors the columns ``cols``), as `MiniBatchStats.rows` slices."""
+
+        def cut(value: Tensor | None) -> Tensor | None:
+            if value is None:
+                return None
+            value = value[index]
+            return value[:, cols] if value.dim() == 2 else value
+
+        return RowTensors(**{name: cut(getattr(self, name)) for name in self.__dataclass_fields__})
+
+
 def _rows_logprobs_no_grad(
-    model, batch: RolloutBatch, rows: Tensor, settings: LogprobSettings, *, entropy: bool = False
+    model,
+    batch: RolloutBatch,
+    micro_batches: list[Tensor],
+    positions: Tensor,
+    settings: LogprobSettings,
+    *,
+    entropy: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """The current policy's log-probs ``[len(rows), T]`` of ``rows``, and with ``entropy`` its per-token entropy
-    (else None), in micro-batches, without a graph."""
-    out = torch.zeros(len(rows), batch.response_len, device=batch.response_mask.device)
-    ent_out = torch.zeros_like(out) if entropy else None
-    offset = 0
-    for micro in rows.split(settings.micro_batch_size):
+    """The current policy's log-probs ``[M, T]`` of a mini-batch of M rows run as ``micro_batches``, each row at
+    its ``positions[row]`` (its place in the mini-batch), and with ``entropy`` its per-token entropy (else None),
+    without a graph."""
+    size = sum(len(micro) for micro in micro_batches)
+    out = ent_out = None
+    for micro in micro_batches:
         logp, ent, cols = rows_logprobs(model, batch, micro, settings, entropy=entropy, grad=False)
-        out[offset : offset + len(micro), cols] = logp.float()
+        if out is None:  # float32, or float64 for a float64 model
+            out = torch.zeros(size, batch.response_len, dtype=logp.dtype, device=batch.response_mask.device)
+            ent_out = torch.zeros_like(out) if entropy else None
+        out[positions[micro], cols] = logp
         if ent_out is not None:
-            ent_out[offset : offset + len(micro), cols] = ent.float()
-        offset += len(micro)
+            ent_out[positions[micro], cols] = ent
     return out, ent_out
 
 
@@ -116,51 +173,40 @@ def _read_once(pending: list[_MicroResult], grad_norm: Tensor) -> _HostResults:
     return out
 
 
-def _columns(value: Tensor | None, micro: Tensor, cols: slice) -> Tensor | None:
-    if value is None:
-        return None
-    value = value[micro]
-    return value[:, cols] if value.dim() == 2 else value
-
-
 def update_policy(
     model,
     optimizer: torch.optim.Optimizer,
     scheduler,
     batch: RolloutBatch,
-    advantages: Tensor,
-    settings: UpdateSettings,
-    logprob_settings: LogprobSettings,
+    tensors: RowTensors,
+    plan: UpdatePlan,
     *,
-    old_logp: Tensor | None,
-    old_entropy: Tensor | None,
-    ref_logp: Tensor | None,
     generator: torch.Generator,
     after_optimizer_step: Callable[[], None] = lambda: None,
-    loss_mask: Tensor | None = None,
-    is_weights: Tensor | None = None,
-    correction: RolloutCorrection | None = None,
 ) -> dict:
-    """Run every optimizer update of one step; returns averaged loss metrics and, as ``token_entropy`` and
+    """Run every optimizer update of one step; returns averaged loss metrics, ``update_padding_share`` (the share
+    of the tokens the update's forward passes computed that were padding) and, as ``token_entropy`` and
     ``token_logp``, the epoch-0 (pre-update) policy's per-token entropy and log-probs ``[N, T]``.
 
-    ``old_logp`` / ``old_entropy`` None means the update's own (detached) forward pass is the old policy: exact
-    when there is a single update per rollout. The LR schedule follows planned updates, applied or skipped, so the
-    learning rate at a step depends on the step alone (as in verl and the transformers Trainer).
+    ``tensors`` holds every per-row tensor (:class:`RowTensors`); ``plan`` the loss, the passes' numerics and
+    micro-batch layout, and an in-loop rollout correction (:class:`UpdatePlan`). The LR schedule follows planned
+    updates, applied or skipped, so the learning rate at a step depends on the step alone (as in verl and the
+    transformers Trainer).
 
-    Off-policy correction comes in one of two forms: precomputed ``is_weights`` with ``loss_mask`` (the response
-    mask less the tokens the correction dropped, which leave the token counts too), when old log-probs exist
-    before the update; or ``correction``, computed per micro-batch from the update's own forward pass, for modes
-    that drop nothing. Either way a token's weight depends on its own row only, so micro-batching leaves the
-    gradient unchanged.
+    Off-policy correction comes in one of two forms: ``tensors.is_weights`` with ``tensors.mask`` already less
+    the tokens the correction dropped, when old log-probs exist before the update; or ``plan.correction``,
+    computed per micro-batch from the update's own forward pass, for modes that drop nothing. Either way a
+    token's weight depends on its own row only, so the micro-batch layout leaves the gradient unchanged.
 
     Losses whose statistics span the mini-batch (``spec.needs_batch_stats``: the covariance losses) and the
     batch-wide token selections (``top_entropy_quantile``, ``m2po_threshold``) get them from the mini-batch's
     current-policy log-probs (and entropy): ``old_logp`` / ``old_entropy`` for the step's first update, else a
-    no-grad pass over the mini-batch at the current weights. The sampler's ``batch.rollout_logp``, when the
-    backend returned it, reaches the loss as ``rollout_logp`` (the "behaviour" of DPPO, off_policy_mask, M2PO).
+    no-grad pass over the mini-batch at the current weights. Each micro-batch slices them by its rows' places
+    in the mini-batch, so micro-batches of any rows in any order (a token budget sorts them by length) sum to
+    the mini-batch's gradient.
     """
-    mask = batch.response_mask if loss_mask is None else loss_mask
+    settings, passes = plan.settings, plan.passes
+    mask = tensors.mask
     n = mask.shape[0]
     needs_batch_stats = needs_mini_batch_stats(settings.loss, settings.loss_options)
     needs_entropy = settings.loss_options.get("top_entropy_quantile") is not None
@@ -168,6 +214,9 @@ def update_policy(
     grad_norms, skipped, updates = [], 0, 0
     token_entropy = torch.zeros_like(mask)
     token_logp = torch.zeros_like(mask)
+    # Read to the host once per step: the token budget's planner and the padding share both use them.
+    lengths = RowLengths.of(batch)
+    padded = [0, 0]  # (computed, real) tokens of the epoch-0 micro-batches, for update_padding_share
     schedule = minibatch_rows(
         n // settings.group_size,
         settings.group_size,
@@ -175,28 +224,38 @@ def update_policy(
         mini_batch_groups=settings.mini_batch_groups,
         generator=generator,
     )
-    with held_attention(model, batch, logprob_settings):
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    with held_attention(model, batch, passes):
         for epoch, rows in schedule:
+            micro_batches = split_rows(rows, plan.layout, lengths)
+            if epoch == 0:
+                computed, real = lengths.padded_tokens(micro_batches)
+                padded[0], padded[1] = padded[0] + computed, padded[1] + real
+            # Each row's place in the mini-batch: where its values sit in the mini-batch statistics.
+            positions = torch.empty(n, dtype=torch.long, device=rows.device)
+            positions[rows] = torch.arange(len(rows), device=rows.device)
             num_tokens = float(mask[rows].sum().clamp(min=1))
             optimizer.zero_grad(set_to_none=True)
             stats = None
             if needs_batch_stats:
                 first_update = updates + skipped == 0
+                old_logp, old_entropy = tensors.old_logp, tensors.old_entropy
                 if first_update and old_logp is not None and (old_entropy is not None or not needs_entropy):
                     current = old_logp[rows]
                     current_entropy = old_entropy[rows] if needs_entropy else None
                 else:
                     current, current_entropy = _rows_logprobs_no_grad(
-                        model, batch, rows, logprob_settings, entropy=needs_entropy
+                        model, batch, micro_batches, positions, passes, entropy=needs_entropy
                     )
+                mini = tensors.rows(rows)
                 stats = mini_batch_stats(
                     settings.loss,
                     logp=current,
-                    old_logp=current if old_logp is None else old_logp[rows],
-                    advantages=advantages[rows],
-                    mask=mask[rows],
+                    old_logp=current if mini.old_logp is None else mini.old_logp,
+                    advantages=mini.advantages,
+                    mask=mini.mask,
                     entropy=current_entropy,
-                    rollout_logp=_columns(batch.rollout_logp, rows, slice(None)),
+                    rollout_logp=mini.rollout_logp,
                     **settings.loss_options,
                 )
             # Nothing below reads a device value until the mini-batch's gradients are in: the loss metrics stay
@@ -204,50 +263,41 @@ def update_policy(
             # with the gradient norm, come to the host in one transfer per optimizer step. Each .item() would
             # otherwise wait for the GPU to drain its queue (about ten per micro-batch before).
             pending = []
-            offset = 0
-            on_cpu = next(model.parameters()).device.type == "cpu"
             with deferred_metrics():
-                for micro in rows.split(logprob_settings.micro_batch_size):
+                for micro in micro_batches:
                     if on_cpu:
                         # glibc's heap only; on a GPU the activations live in CUDA's allocator and the trim
                         # would only cost host time between kernel launches.
                         release_free_heap()
-                    logp, ent, cols = rows_logprobs(
-                        model, batch, micro, logprob_settings, entropy=True, grad=True
-                    )
+                    logp, ent, cols = rows_logprobs(model, batch, micro, passes, entropy=True, grad=True)
                     if epoch == 0:
                         token_entropy[micro, cols] = ent.detach().float()
                         token_logp[micro, cols] = logp.detach().float()
-                    m = mask[micro][:, cols]
-                    old = logp.detach() if old_logp is None else old_logp[micro][:, cols]
-                    old_ent = ent.detach() if old_entropy is None else old_entropy[micro][:, cols]
-                    token_weights = _columns(is_weights, micro, cols)
-                    if correction is not None:
+                    part = tensors.rows(micro, cols)
+                    m = part.mask
+                    old = logp.detach() if part.old_logp is None else part.old_logp
+                    old_ent = ent.detach() if part.old_entropy is None else part.old_entropy
+                    token_weights = part.is_weights
+                    if plan.correction is not None:
                         token_weights, _, _ = rollout_correction_weights(
-                            old,
-                            batch.rollout_logp[micro][:, cols],
-                            m,
-                            mode=correction.mode,
-                            **correction.options,
+                            old, part.rollout_logp, m, mode=plan.correction.mode, **plan.correction.options
                         )
-                    part = slice(offset, offset + len(micro))  # the micro-batch's rows within the mini-batch
-                    offset += len(micro)
                     loss, metrics = compute_policy_loss(
                         settings.loss,
                         logp=logp,
                         old_logp=old,
-                        advantages=_columns(advantages, micro, cols),
+                        advantages=part.advantages,
                         # bool: the same tokens, without the 0/1 check of a float mask (a GPU sync per call)
                         mask=m.bool(),
-                        ref_logp=_columns(ref_logp, micro, cols),
+                        ref_logp=part.ref_logp,
                         entropy=ent,
                         old_entropy=old_ent,
                         num_tokens=num_tokens,
                         num_seqs=float(len(rows)),
                         max_len=settings.max_len,
                         is_weights=token_weights,
-                        batch_stats=None if stats is None else stats.rows(part, cols),
-                        rollout_logp=_columns(batch.rollout_logp, micro, cols),
+                        batch_stats=None if stats is None else stats.rows(positions[micro], cols),
+                        rollout_logp=part.rollout_logp,
                         **settings.loss_options,
                     )
                     # A non-finite loss still runs its backward (its gradients are dropped with the step, below);
@@ -301,6 +351,8 @@ def update_policy(
     out["grad_norm_max"] = max(grad_norms) if grad_norms else float("nan")
     out["optimizer_updates"] = updates
     out["skipped_updates"] = skipped
+    if padded[0]:
+        out["update_padding_share"] = 1.0 - padded[1] / padded[0]
     out["token_entropy"] = token_entropy
     out["token_logp"] = token_logp
     return out
