@@ -40,6 +40,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                 "hub",
                 "device",  # train.device resolution: torch only
                 "precision",  # precision auto: the CPU's flags / the GPU, torch only
+                "files",  # the atomic-write helper: the standard library only
                 "metrics",
                 "checkpoint",
                 "batch",

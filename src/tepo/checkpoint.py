@@ -38,6 +38,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from tepo.files import atomic_write_text, fsync_folder  # noqa: F401  (atomic_write_text: re-exported)
+
 MANIFEST = "manifest.json"
 CHECKPOINT_FILES = ("model.safetensors", "state.pt")
 
@@ -84,26 +86,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` so that a kill leaves the old content or the new, never a torn file
-    (for small run files such as ``eval_before.json`` and ``summary.json``)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 def rng_state() -> dict:
@@ -187,7 +169,7 @@ def save_checkpoint(
     if final.exists():  # a previous attempt at this step (resumed run): replace it
         shutil.rmtree(final)
     os.rename(tmp, final)
-    _fsync_dir(root)
+    fsync_folder(root)
     _remember_intact(final)  # its files were hashed just now: pruning need not read 1.6 GB again
     prune_checkpoints(run_dir, keep, newest=final)
     return final
@@ -214,7 +196,7 @@ def _write_into(tmp: Path, step: int, model: torch.nn.Module, state: dict, optim
     manifest.write_text(json.dumps({"step": step, "files": files, "optimizer_state": optimizer_state}))
     with open(manifest, "rb") as handle:
         os.fsync(handle.fileno())
-    _fsync_dir(tmp)
+    fsync_folder(tmp)
 
 
 def _save_failure_message(root: Path, final: Path, err: BaseException) -> str:

@@ -820,16 +820,9 @@ def save_config(config: RunConfig, path: Path, *, header: str | None = None) -> 
     """Write ``config.yaml`` atomically: a run killed mid-write keeps the old file (or none), never half of one,
     so ``tepo train --resume`` can always read it. ``header``: a comment written above the keys (the run's
     resolved precision and why)."""
-    import os
+    from tepo.files import atomic_write_text
 
     data = config.to_dict()
     data["optim"]["betas"] = list(data["optim"]["betas"])
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        if header:
-            handle.write("".join(f"# {line}\n" for line in header.splitlines()))
-        handle.write(yaml.safe_dump(data, sort_keys=False))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    comment = "".join(f"# {line}\n" for line in header.splitlines()) if header else ""
+    atomic_write_text(Path(path), comment + yaml.safe_dump(data, sort_keys=False))

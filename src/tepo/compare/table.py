@@ -68,6 +68,7 @@ from tepo.compare.stats import (
     DEFAULT_RESAMPLES,
     bootstrap_interval,
 )
+from tepo.files import atomic_write_text
 from tepo.metrics import read_metrics
 
 INITIAL_ROW = "initial policy"
@@ -637,6 +638,6 @@ def render_terminal(table: dict) -> str:
 def write_table(table: dict, directory: Path) -> tuple[Path, Path]:
     directory = Path(directory)
     md, js = directory / "table.md", directory / "table.json"
-    md.write_text(render_markdown(table), encoding="utf-8")
-    js.write_text(json.dumps(table, indent=2), encoding="utf-8")
+    atomic_write_text(md, render_markdown(table))  # a killed `tepo compare` leaves the old table, never half
+    atomic_write_text(js, json.dumps(table, indent=2))
     return md, js

@@ -34,6 +34,7 @@ from tepo.evaluate.core import engine_batch_prompts, score_problems
 from tepo.evaluate.metrics import benchmark_metrics
 from tepo.evaluate.samples import SAMPLES_FILE, append_samples, problem_record, read_samples
 from tepo.evaluate.settings import DEFAULT_PASS_K, EvalError, EvalSetting
+from tepo.files import atomic_write_text
 from tepo.rollout.base import RolloutError
 
 SETTINGS_FILE = "eval_settings.json"
@@ -71,9 +72,7 @@ def _model_identity(model_info: dict) -> dict:
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def _lock_output_dir(output_dir: Path):

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tepo.files import atomic_write_text
+
 
 def _clean(value: Any) -> Any:
     """JSON has no NaN/inf: write them as strings so a bad step is visible rather than an invalid file."""
@@ -134,10 +136,6 @@ def truncate_metrics(run_dir: Path, last_step: int) -> int:
             handle.write("\n".join(moved) + "\n")
             handle.flush()
             os.fsync(handle.fileno())
-    tmp = path.with_suffix(".jsonl.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write("".join(line + "\n" for line in keep))
-        handle.flush()
-        os.fsync(handle.fileno())  # the new log is on disk before it replaces the old one
-    os.replace(tmp, path)
+    # The moved rows are on disk (above) before the kept ones replace the log.
+    atomic_write_text(path, "".join(line + "\n" for line in keep))
     return len(moved)
