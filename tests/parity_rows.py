@@ -28,10 +28,10 @@ _VERL = (
     "tests/test_integration_verl_estimators.py::test_verl_estimators_rejections_and_normalisation_equal_ours"
 )
 _VERL26 = (
-    "tests/test_integration_verl_losses_2026.py::test_verl_2026_losses_equal_ours_or_differ_as_documented"
+    "tests/test_integration_verl_objectives.py::test_verl_2026_losses_equal_ours_or_differ_as_documented"
 )
 _MORE = "tests/test_integration_verl_parity_more.py"
-_T39 = "tests/test_integration_verl_estimators_39.py::test_verl_estimators_and_losses_of_issue_39_equal_ours"
+_T39 = "tests/test_integration_verl_framework_estimators.py::test_verl_estimators_and_losses_of_issue_39_equal_ours"
 
 ROWS: list[dict] = [
     {
@@ -94,7 +94,7 @@ ROWS: list[dict] = [
         "tepo": "`advantage: maxrl`: `(R - mean_g R) / (mean_g R + 1e-6)`, 0 when the mean is 0",
         "agree": "no framework ships it: closed-form tests only",
         "differences": "refuses negative rewards",
-        "tests": ["tests/test_advantages_2026.py::test_maxrl_hand_values"],
+        "tests": ["tests/test_advantages_group_baselines.py::test_maxrl_hand_values"],
     },
     {
         "name": "`opo` (advantage)",
@@ -103,7 +103,7 @@ ROWS: list[dict] = [
         "tepo": "`advantage: opo`: the same over contiguous groups, `L_j = sum_t mask`",
         "agree": "the G responses of a prompt in contiguous rows (tepo's batch layout), G >= 2",
         "differences": "G = 1: verl A = R, tepo 0; a group of empty responses: verl NaN, tepo the plain mean",
-        "tests": [_VERL, "tests/test_advantages_2026.py::test_opo_zero_groups_and_empty_responses"],
+        "tests": [_VERL, "tests/test_advantages_group_baselines.py::test_opo_zero_groups_and_empty_responses"],
     },
     {
         "name": "`seq_k3` (rollout rejection)",
@@ -450,7 +450,7 @@ ROWS: list[dict] = [
         "agree": "no framework ships them: closed-form tests only",
         "differences": "none to compare",
         "tests": [
-            "tests/test_losses_2026.py::test_tepo_token_with_token_level_advantages",
+            "tests/test_losses_objectives.py::test_tepo_token_with_token_level_advantages",
             "tests/test_losses.py::test_reinforce_is_detached_sequence_weight",
             "tests/test_losses.py::test_prefix_is_running_mean_ratio",
             "tests/test_losses.py::test_cov_gauss_gaussian_weights",
@@ -527,7 +527,7 @@ ROWS: list[dict] = [
         "tepo": "`loss: gpg`, `loss: dro` (option `beta`)",
         "agree": "token-mean, `beta` = `dro_beta`, the global token count",
         "differences": "dro: verl has no default `dro_beta`; tepo's default 0.1 is ours",
-        "tests": [_T39, "tests/test_losses_2026.py::test_gpg_and_dro_value_and_gradient_by_hand"],
+        "tests": [_T39, "tests/test_losses_objectives.py::test_gpg_and_dro_value_and_gradient_by_hand"],
     },
     {
         "name": "`bypass_mode` (policy loss)",
@@ -536,7 +536,7 @@ ROWS: list[dict] = [
         "tepo": "not a loss name: `algorithm.rollout_correction` weights `pi_old / pi_rollout` with the old policy recomputed",
         "agree": "on-policy with equal numerics `ppo_clip` bypass = `grpo`; `reinforce` = `gpg` x IS weights with old = rollout",
         "differences": "tepo has no switch that clips against the sampler's log-probs (tepo.losses.plain_gradient.BYPASS_MODE)",
-        "tests": ["tests/test_losses_2026.py::test_gpg_and_dro_value_and_gradient_by_hand"],
+        "tests": ["tests/test_losses_objectives.py::test_gpg_and_dro_value_and_gradient_by_hand"],
     },
 ]
 

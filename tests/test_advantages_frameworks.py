@@ -1,6 +1,6 @@
 """verl's other estimators (#39): closed-form values on hand-checkable tensors, and the refusal of remax.
 
-Parity with verl's real functions is in tests/test_integration_verl_estimators_39.py (slow, .venv-verl).
+Parity with verl's real functions is in tests/test_integration_verl_framework_estimators.py (slow, .venv-verl).
 """
 
 from __future__ import annotations

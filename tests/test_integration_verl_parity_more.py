@@ -6,7 +6,7 @@ slow-marked like it) that feeds the same float64 tensors to verl's function and 
 (value and gradient) under the verl settings written in the script, or the documented difference:
 
 - (a) ``grpo`` / ``dapo`` / ``dr_grpo`` = verl ``vanilla`` with ``clip_ratio_c`` 1e9 (dual-clip off; with it on
-  see tests/test_integration_verl_losses_2026.py) and ``loss_agg_mode`` ``seq-mean-token-mean`` / ``token-mean``
+  see tests/test_integration_verl_objectives.py) and ``loss_agg_mode`` ``seq-mean-token-mean`` / ``token-mean``
   / ``seq-mean-token-sum-norm`` (``loss_scale_factor`` = our ``max_len``, both default to the padded width T),
   verl's ``global_batch_info`` carrying the mini-batch counts (``global_batch_size`` = N). Without
   ``global_batch_size`` verl's seq-mean divides by the non-empty rows, ours by all N rows (asserted with an
