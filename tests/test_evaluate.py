@@ -332,38 +332,6 @@ def test_results_table_shows_headline_and_passk():
     assert math500_row[4:6] == ["-", "-"]  # no pass@k from one greedy response
 
 
-def test_summarize_problem_results_matches_the_record_path():
-    from tepo.data import Problem
-    from tepo.evaluate import ProblemResult, accuracy
-    from tepo.evaluate.metrics import summarize_problem_results
-    from tepo.rewards import RewardResult
-
-    def verdict(status):
-        return RewardResult(reward=float(status == "correct"), status=status, extracted=None, seconds=0.0)
-
-    results = [
-        ProblemResult(
-            Problem("0", "p", "1"),
-            ["\\boxed{1}", "1"],
-            [verdict("correct"), verdict("no_answer")],
-            [3, 9],
-            [False, True],
-        ),
-        ProblemResult(
-            Problem("1", "q", "2"),
-            ["\\boxed{3}", "\\boxed{2}"],
-            [verdict("wrong"), verdict("correct")],
-            [4, 4],
-            [False, False],
-        ),
-    ]
-    m = summarize_problem_results(results, greedy=False, pass_k=[1, 2])
-    assert m["avg@2"] == pytest.approx(accuracy(results)) == pytest.approx(0.5)
-    assert m["pass@k"] == {"1": pytest.approx(0.5), "2": pytest.approx(1.0)}
-    assert m["boxed_rate"] == pytest.approx(3 / 4)
-    assert m["mean_response_tokens"] == pytest.approx(5.0) and m["truncated_rate"] == pytest.approx(1 / 4)
-
-
 @needs_shared
 def test_cli_arguments_become_tasks(tmp_path):
     from tepo.cli import build_parser

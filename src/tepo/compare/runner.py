@@ -182,14 +182,6 @@ def method_overrides(method: str) -> dict:
     )
 
 
-def prompt_schedule_digest(config: RunConfig) -> str:
-    """SHA-256 of the problems the trainer will draw, step by step (first draw of each step), for this config.
-
-    Uses the trainer's own ``load_datasets`` and ``PromptStream``, so it is the schedule the run will follow.
-    """
-    return _digests(config)[0]
-
-
 def _digests(config: RunConfig) -> tuple[str, str]:
     """(prompt schedule + held-out digest, held-out-only digest) of one run's config."""
     from tepo.data import PromptStream

@@ -62,32 +62,3 @@ def benchmark_metrics(records: Sequence[dict], *, greedy: bool, pass_k: Sequence
     out["truncated_rate"] = sum(bool(resp["truncated"]) for resp in responses) / len(responses)
     out["statuses"] = dict(Counter(resp["status"] for resp in responses))
     return out
-
-
-def summarize_problem_results(results: Sequence, *, greedy: bool, pass_k: Sequence[int] = ()) -> dict:
-    """:func:`benchmark_metrics` of ``score_problems`` output (``ProblemResult`` objects) without writing records:
-    e.g. for the trainer's held-out evaluation to log the boxed rate and truncation next to accuracy."""
-    records = [
-        {
-            "responses": [
-                {
-                    "status": v.status,
-                    "extracted": v.extracted,
-                    "boxed": has_final_box(text),
-                    "tokens": length,
-                    "truncated": truncated,
-                    **({"vote": vote} if r.votes else {}),
-                }
-                for text, v, length, truncated, vote in zip(
-                    r.responses,
-                    r.verdicts,
-                    r.lengths,
-                    r.truncated,
-                    r.votes or [None] * len(r.verdicts),
-                    strict=True,
-                )
-            ]
-        }
-        for r in results
-    ]
-    return benchmark_metrics(records, greedy=greedy, pass_k=pass_k)
