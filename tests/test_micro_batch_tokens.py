@@ -53,7 +53,7 @@ def test_sorted_next_fit_by_hand():
     batch = _batch([2, 3], [1, 9, 4, 8, 2, 9, 3, 1])
     lengths = RowLengths.of(batch)
     assert lengths.prompt.tolist() == [2, 2, 2, 2, 3, 3, 3, 3]
-    # Sorted longest first (stable): 5 (12), 1 (11), 3 (10), 2 (6), 6 (6), 4 (5), 0 (3), 7 (4) -> 7 before 0.
+    # Sorted by response, then prompt, longest first: 5 (3+9), 1 (2+9), 3, 2, 6, 4, 7 (3+1), 0 (2+1).
     # Budget 24: {5, 1} is 2 x (3 + 9) = 24; adding 3 would be 36. {3, 2}: 2 x (2 + 8) = 20; + 6: 3 x (3 + 8) = 33.
     # {6, 4, 7, 0}: 4 x (3 + 3) = 24.
     got = split_rows(torch.arange(8), MicroBatchLayout(rows=16, tokens=24), lengths)

@@ -7,7 +7,7 @@ plus its longest response. Its compute and activation memory therefore grow with
 responses that is about half of the computed tokens (docs/results/scaling).
 
 Token-budget micro-batches (``train.micro_batch_tokens``) use the rule named here **sorted next-fit**: rows sorted
-by real token count (prompt + response), longest first, ties kept in rollout order; a micro-batch takes the next
+by real response length, then prompt length, longest first, ties kept in rollout order; a micro-batch takes the next
 row while its padded area stays within the budget, else a new one starts (a row longer than the budget goes
 alone). Sorting puts rows of like length together, so each micro-batch's padding is small, and the budget bounds
 its memory whatever the response lengths. verl's ``use_dynamic_bsz`` balances a token budget across data-parallel
@@ -78,8 +78,11 @@ def split_rows(rows: Tensor, layout: MicroBatchLayout, lengths: RowLengths | Non
         raise ValueError("a token-budget layout needs the rows' lengths (RowLengths.of(batch))")
     ids = rows.tolist()
     prompt, response = lengths.prompt.tolist(), lengths.response.tolist()
-    # Longest first; Python's sort is stable, so equal lengths keep rollout order (and a group's rows together).
-    ids.sort(key=lambda i: -(prompt[i] + response[i]))
+    # Longest response first, then longest prompt; the sort is stable, so ties keep rollout order (and a group's
+    # rows together). By response rather than by prompt + response: a micro-batch is as wide as its longest
+    # prompt plus its longest response, and mixing a long prompt with a short response (same total) pads both
+    # (with GSM8K-like lengths 13% of the computed tokens are padding at 256 new tokens instead of 18%).
+    ids.sort(key=lambda i: (-response[i], -prompt[i]))
     groups: list[list[int]] = []
     widest_prompt = longest_response = 0
     for i in ids:
