@@ -10,19 +10,17 @@ A metric name alone averages every logged step; ``name@K`` takes step K only. Fi
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 
 def run_value(metrics_path: Path, metric: str) -> float | None:
+    from tepo.metrics import read_metrics
+
     name, _, at = metric.partition("@")
     values = []
-    for line in metrics_path.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        row = json.loads(line)
+    for row in read_metrics(metrics_path):  # the package's reader (a torn last line is skipped)
         value = row.get(name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue

@@ -181,6 +181,52 @@ def _draw_band(
     return drawn
 
 
+def plot_held_out_panels(
+    directory: Path, groups: list[list[str]], out_png: Path, *, titles: list[str] | None = None
+) -> Path:
+    """Held-out greedy accuracy by step of a comparison directory, one panel per group of methods (mean over
+    seeds, the seed range shaded, one colour per method across panels): the report's single panel is unreadable
+    past five or so methods. Finished runs only (``summary.json``); ``ValueError`` (one line) for a group with no
+    finished run or titles that do not match the groups."""
+    from tepo.compare.table import held_out_curve
+
+    key = "eval_greedy_accuracy"
+    directory = Path(directory)
+    if titles and len(titles) != len(groups):
+        raise ValueError(f"--panel-titles: {len(titles)} titles for {len(groups)} panels")
+    panels = []
+    for group in groups:
+        curves = {}
+        for method in group:
+            runs = sorted(p.parent for p in (directory / method).glob("seed*/summary.json"))
+            if runs:
+                curves[method] = [[{"step": s, key: a} for s, a in held_out_curve(run, key)] for run in runs]
+        if not curves:
+            raise ValueError(f"{directory}: no finished runs of {','.join(group)}")
+        panels.append(curves)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.6 * len(panels), 3.4), sharey=True, constrained_layout=True, squeeze=False
+    )
+    colours: dict[str, str] = {}  # one colour per method across all panels
+    for curves in panels:
+        for method in curves:
+            colours.setdefault(method, f"C{len(colours) % 10}")
+    for index, (ax, curves) in enumerate(zip(axes.flat, panels)):
+        _draw_band(ax, curves, key, titles[index] if titles else ", ".join(curves), colours)
+        ax.legend(fontsize=7, loc="lower right")
+    axes.flat[0].set_ylabel("held-out accuracy (greedy)", fontsize=8)
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=90)
+    plt.close(fig)
+    return out_png
+
+
 def plot_metric_by_method(
     runs_by_method: dict[str, list[list[dict]]], key: str, label: str, out_png: Path
 ) -> Path:
