@@ -223,3 +223,12 @@ def test_checker_sees_imports_inside_functions_and_relative_imports(tmp_path):
 @pytest.mark.parametrize("unit", ["training", "train", "evaluate"])
 def test_train_layer_is_above_library_and_below_compare(unit):
     assert layer_of("data") < layer_of("config") < layer_of(unit) < layer_of("compare") < layer_of("cli")
+
+
+def test_every_benchmark_script_is_listed_in_the_benchmarks_readme():
+    """benchmarks/README.md's table names every script and the page its results live on."""
+    folder = SRC.parent / "benchmarks"
+    table = (folder / "README.md").read_text(encoding="utf-8")
+    scripts = sorted(p.name for p in folder.glob("*.py") if not p.name.startswith("_"))
+    missing = [name for name in scripts if f"| `{name}` |" not in table]
+    assert missing == [], f"benchmarks/README.md has no row for {missing}"
