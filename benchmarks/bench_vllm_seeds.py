@@ -6,10 +6,12 @@
 chunked prefill off for both (the CPU's "auto"). Alternating runs, so drift in a shared machine's load hits both.
 
     .venv/bin/python benchmarks/bench_vllm_seeds.py [seeded|unseeded ...]
+    TEPO_BENCH_PROMPTS=16 TEPO_BENCH_TOKENS=32 .venv/bin/python benchmarks/bench_vllm_seeds.py   # smaller
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 
@@ -29,7 +31,7 @@ def main(order: list[str]) -> None:
                 add_generation_prompt=True,
             )["input_ids"]
         )
-        for i in range(64)
+        for i in range(int(os.environ.get("TEPO_BENCH_PROMPTS", 64)))
     ]
     with VLLMRollout(model, tok, dtype="float32") as engine:
         engine.generate(prompts[:4], num_samples=2, max_new_tokens=16, seed=1)  # warm-up
@@ -37,7 +39,12 @@ def main(order: list[str]) -> None:
             seed = 123 if mode == "seeded" else None
             start = time.perf_counter()
             batch = engine.generate(
-                prompts, num_samples=8, max_new_tokens=128, temperature=1.0, seed=seed, return_logprobs=True
+                prompts,
+                num_samples=8,
+                max_new_tokens=int(os.environ.get("TEPO_BENCH_TOKENS", 128)),
+                temperature=1.0,
+                seed=seed,
+                return_logprobs=True,
             )
             wall = time.perf_counter() - start
             tokens = batch.num_generated_tokens
