@@ -506,7 +506,7 @@ ROWS: list[dict] = [
         "agree": "verl: defaults (float64 one-reward path 1e-12; two-reward path at float32); TRL: `eps=1e-4, batch_norm=sequence` (its formula by value)",
         "differences": "verl computes the multi-reward path in float32 (casts the columns and weights); an all-equal group of one reward is exactly 0 in tepo (verl: float residue / (std + eps)); fewer than two reward functions refused by config",
         "tests": [
-            "tests/test_integration_verl_gdpo_39.py::test_verl_gdpo_equals_ours",
+            "tests/test_integration_verl_gdpo.py::test_verl_gdpo_equals_ours",
             "tests/test_gdpo.py::test_trl_normalize_then_sum_formula",
             "tests/test_gdpo.py::test_each_reward_is_normalised_in_its_group_before_the_weighted_sum",
         ],

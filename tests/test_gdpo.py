@@ -1,7 +1,7 @@
 """GDPO (multi-reward, 2601.05242): the estimator's values by hand, TRL's normalize_then_sum formula, the named
 reward functions of ``reward.functions``, their path through a step's collection, and config validation.
 
-Parity with verl 0.9.1's real ``compute_gdpo_outcome_advantage`` is in tests/test_integration_verl_gdpo_39.py
+Parity with verl 0.9.1's real ``compute_gdpo_outcome_advantage`` is in tests/test_integration_verl_gdpo.py
 (slow, .venv-verl).
 """
 
