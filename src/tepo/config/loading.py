@@ -1,0 +1,233 @@
+"""Reading a run configuration: presets (``tepo/configs/*.yaml``, found by name) or YAML files by path, with
+``base:`` inheritance, dotted ``key=value`` overrides parsed as YAML scalars, renamed keys mapped with one note,
+values coerced to the field types (every problem reported at once, one line each), then :func:`tepo.config.checks.validate`;
+and writing ``config.yaml`` atomically."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tepo.config.checks import validate
+from tepo.config.schema import DEFAULT_PRESET, ConfigError, RunConfig
+
+
+def list_presets() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("tepo.configs").iterdir() if p.name.endswith(".yaml"))
+
+
+def _read_yaml(source: str) -> tuple[dict, str]:
+    """A YAML file by path, or a preset by name (``tepo``, ``grpo``...)."""
+    path = Path(source)
+    if path.is_file():
+        where = str(path)
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"{where}: not valid UTF-8 (byte {err.start}); expected a UTF-8 YAML file"
+            ) from None
+        except OSError as err:
+            raise ConfigError(f"{where}: cannot be read ({err.strerror})") from None
+    else:
+        preset = resources.files("tepo.configs") / f"{path.stem}.yaml"
+        if "/" in source or not preset.is_file():
+            raise ConfigError(
+                f"config {source!r}: no such file or preset (presets: {', '.join(list_presets())})"
+            )
+        text, where = preset.read_text(encoding="utf-8"), f"preset {path.stem}"
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: invalid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of sections at top level")
+    return data, where
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in ("loss_options",):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _load_with_bases(source: str, seen: tuple = ()) -> tuple[dict, str]:
+    """A preset may name another with ``base: NAME``; the base is loaded first and this file merged over it."""
+    data, where = _read_yaml(source)
+    base = data.pop("base", None)
+    if base is None:
+        return data, where
+    if base in seen:
+        raise ConfigError(f"{where}: circular base {base!r}")
+    base_data, _ = _load_with_bases(str(base), (*seen, base))
+    return _deep_merge(base_data, data), where
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["a.b=1", "c.d=[x, y]"]`` -> nested dict with YAML-parsed values."""
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. algorithm.loss=grpo")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        node = tree
+        parts = key.strip().split(".")
+        for depth, part in enumerate(parts[:-1]):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(
+                    f"override {item!r}: {'.'.join(parts[: depth + 1])!r} was already given the value {node!r} "
+                    "by an earlier override; it is a section, set its keys instead"
+                )
+        node[parts[-1]] = value
+    return tree
+
+
+def load_config(source: str | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Build and validate a config from a preset/file (default: built-in defaults) plus dotted overrides."""
+    data, where = _load_with_bases(source or DEFAULT_PRESET)
+    notes: list[str] = []
+    # Renamed keys are read per layer, so an override of either name beats the file's value of either name.
+    data = _deep_merge(
+        _renamed(data, notes, where), _renamed(parse_overrides(overrides or []), notes, "the overrides")
+    )
+    errors: list[str] = []
+    config = _build(RunConfig, data, "", errors, where)
+    errors.extend(validate(config))  # fields that failed to parse kept their defaults: no spurious messages
+    if errors:
+        raise ConfigError("invalid configuration:\n" + "\n".join(f"  - {e}" for e in errors))
+    config.renamed_key_notes = notes  # not a field: reported by config_warnings, never saved
+    return config
+
+
+# Deprecated key -> its new name. The old name is still read (one note each time) so that presets and the
+# config.yaml of existing run directories keep working.
+RENAMED_KEYS = {("train", "keep_checkpoints"): "keep_last"}
+
+
+def _renamed(data: dict, notes: list[str], where: str) -> dict:
+    """``data`` with each deprecated key moved to its new name; where one layer gives both, the new one wins."""
+    out = dict(data)
+    for (section, old), new in RENAMED_KEYS.items():
+        node = out.get(section)
+        if not isinstance(node, dict) or old not in node:
+            continue
+        node = dict(node)
+        value = node.pop(old)
+        if new in node:
+            notes.append(
+                f"{section}.{old} in {where} is deprecated and was ignored there: {section}.{new} is also set"
+            )
+        else:
+            node[new] = value
+            notes.append(
+                f"{section}.{old} in {where} is deprecated: rename it {section}.{new} (read as {section}.{new}="
+                f"{value!r} there)"
+            )
+        out[section] = node
+    return out
+
+
+def _build(cls, data: Any, prefix: str, errors: list[str], where: str):
+    if not isinstance(data, dict):
+        errors.append(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {data!r}")
+        return cls()
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            errors.append(
+                f"unknown key {prefix + str(key)!r} in {where} (valid here: {', '.join(sorted(fields))})"
+            )
+            continue
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value, f"{prefix}{key}.", errors, where)
+            continue
+        ok, converted = _coerce(value, hint)
+        if not ok:
+            errors.append(f"{prefix}{key}: expected {_type_name(hint)}, got {value!r}")
+            continue
+        kwargs[key] = converted
+    return cls(**kwargs)
+
+
+def _type_name(hint) -> str:
+    if hint is float:
+        return "a finite float"
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _coerce(value: Any, hint) -> tuple[bool, Any]:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            ok, converted = _coerce(value, option)
+            if ok:
+                return True, converted
+        return False, None
+    if hint is type(None):
+        return (value is None), None
+    if hint is Any:
+        return True, value
+    if hint is bool:
+        return isinstance(value, bool), value
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if hint is float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            # YAML 1.1 reads "1e-4" (no dot) as a string; accept any plain decimal/scientific number.
+            try:
+                number = float(value)
+            except ValueError:
+                return False, None
+        else:
+            return False, None
+        # No setting means anything at nan or inf (.nan, .inf, "inf"): refuse them here, by name.
+        return (True, number) if math.isfinite(number) else (False, None)
+    if hint is str:
+        return isinstance(value, str), value
+    if origin is dict:
+        return isinstance(value, dict), value
+    if origin is tuple:
+        args = typing.get_args(hint)
+        if not isinstance(value, list | tuple) or len(value) != len(args):
+            return False, None
+        converted = []
+        for item, arg in zip(value, args):
+            ok, c = _coerce(item, arg)
+            if not ok:
+                return False, None
+            converted.append(c)
+        return True, tuple(converted)
+    return isinstance(value, hint), value
+
+
+def save_config(config: RunConfig, path: Path, *, header: str | None = None) -> None:
+    """Write ``config.yaml`` atomically: a run killed mid-write keeps the old file (or none), never half of one,
+    so ``tepo train --resume`` can always read it. ``header``: a comment written above the keys (the run's
+    resolved precision and why)."""
+    from tepo.files import atomic_write_text
+
+    data = config.to_dict()
+    data["optim"]["betas"] = list(data["optim"]["betas"])
+    comment = "".join(f"# {line}\n" for line in header.splitlines()) if header else ""
+    atomic_write_text(Path(path), comment + yaml.safe_dump(data, sort_keys=False))
