@@ -36,6 +36,11 @@ FACTORIES = {
 
 # (file under src/tepo, the call as ast.unparse writes it) -> why it is on the host on purpose.
 HOST_ON_PURPOSE = {
+    ("training/collect.py", "torch.tensor([float(w) for _, w in reward_functions], dtype=torch.float32)"): (
+        "the reward functions' weights: a few floats built once per collection, moved to the rewards' device "
+        "where they meet them"
+    ),
+    ("rollout/vllm.py", "torch.empty((), dtype=dtype)"): "a scalar read for its element size only, never computed on",
     ("training/update.py", "torch.randperm(num_groups, generator=generator)"): (
         "row indices: drawn from the step's CPU generator, so one seed shuffles the groups alike on every device "
         "(a device tensor may be indexed with host indices)"

@@ -46,7 +46,7 @@ def _outcome_returns(rewards: Tensor, mask: Tensor) -> Tensor:
     m = mask.to(rewards.dtype)
     last = torch.where(mask.any(dim=1), mask.shape[1] - 1 - mask.flip(1).to(torch.int8).argmax(dim=1), 0)
     token_rewards = torch.zeros_like(m)
-    token_rewards[torch.arange(m.shape[0]), last] = rewards * mask.any(dim=1)
+    token_rewards[torch.arange(m.shape[0], device=m.device), last] = rewards * mask.any(dim=1)
     return (token_rewards * m).flip(-1).cumsum(-1).flip(-1)
 
 
@@ -133,7 +133,7 @@ def grpo_passk_advantages(
     if norm_by_std:
         margin = margin / (groups.std(dim=1) + eps)
     adv = torch.zeros_like(groups)
-    adv[torch.arange(groups.shape[0]), index[:, 0]] = margin
+    adv[torch.arange(groups.shape[0], device=groups.device), index[:, 0]] = margin
     return adv.flatten()
 
 
@@ -218,7 +218,7 @@ def optimal_token_baseline_advantages(
     baselines = torch.zeros_like(returns)
     if group_size > 1:
         for start in range(0, rewards.shape[0], group_size):
-            rows = torch.arange(start, start + group_size)
+            rows = torch.arange(start, start + group_size, device=rewards.device)
             baselines[rows] = _otb_baselines(
                 returns[rows], w_cum[rows], mf[rows], lengths, rows, handle_zero_tail, eps
             )
@@ -257,11 +257,13 @@ def tir_optimal_token_baseline_advantages(
     width = int(lengths.max()) if lengths.numel() else 0
     packed_ret = returns.new_zeros(m.shape[0], width)
     packed_w = returns.new_zeros(m.shape[0], width)
-    packed_mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(-1)
+    packed_mask = torch.arange(width, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(-1)
     packed_ret[packed_mask], packed_w[packed_mask] = returns[m], w_cum[m]
     baselines = torch.zeros_like(packed_ret)
     for start in range(0, rewards.shape[0], group_size):
-        rows = torch.tensor([r for r in range(start, start + group_size) if lengths[r] > 0], dtype=torch.long)
+        rows = torch.tensor(
+            [r for r in range(start, start + group_size) if lengths[r] > 0], dtype=torch.long, device=rewards.device
+        )
         if len(rows) < 2:
             continue
         # Packed rows have no gaps: sum over the group of G W (zeros past each length), as verl's packed buffer.

@@ -123,8 +123,10 @@ def collect_rollouts(
             [v.reward for v in verdicts], dtype=torch.float32, device=batch.input_ids.device
         )
         components = torch.tensor(
-            reward_columns(names, batch.texts, [v.reward for v in verdicts]), dtype=torch.float32
-        ).T.to(rewards.device)
+            reward_columns(names, batch.texts, [v.reward for v in verdicts]),
+            dtype=torch.float32,
+            device=rewards.device,
+        ).T
         shaped = components @ weights.to(rewards.device)
         if overlong is not None:
             penalty = overlong_penalty(
