@@ -156,3 +156,23 @@ def test_guard_state_survives_a_checkpoint_and_catches_a_frozen_engine_at_the_fi
     # Without the state (a checkpoint from before 2026-12-04) the same reading passes: gap-only.
     fresh = _ScriptedGuard([([-1.0, -2.0], [-1.1, -1.9])])
     assert fresh.check().frozen is False
+
+
+def test_each_check_reaches_one_metrics_row_and_a_restored_guard_has_logged_its_checks():
+    """The step asks the guard for the metrics of checks not yet in a row (the trainer keeps no counter)."""
+    start = ([-1.0, -2.0], [-1.01, -2.02])
+    moved = ([-1.2, -1.8], [-1.21, -1.82])
+    guard = _ScriptedGuard([start, moved, moved], min_shift=0.05)
+    assert guard.unlogged_metrics() is None  # no check yet
+    guard.check()
+    first = guard.unlogged_metrics()
+    assert first is not None and first["parity_undecided_total"] == 0
+    assert guard.unlogged_metrics() is None  # the same check is not logged twice
+    guard.check()
+    assert guard.unlogged_metrics()["parity_share"] == pytest.approx(1.0)
+    guard.check()  # nothing moved: undecided
+    guard.probe = None  # the scripted guard has no real probe to save
+    state = guard.state_dict()
+    restored = _ScriptedGuard([], min_shift=0.05)
+    restored.load_state_dict(state)
+    assert restored.checks == 3 and restored.unlogged_metrics() is None  # in the resumed run's kept rows

@@ -222,6 +222,7 @@ class ParityGuard:
         self.last: ParityReading | None = None
         self.checks = 0
         self.undecided = 0
+        self.logged = 0  # checks already in a metrics row (unlogged_metrics)
 
     @property
     def last_gap(self) -> float | None:
@@ -271,6 +272,15 @@ class ParityGuard:
         self._previous = None if previous is None else (previous[0], previous[1])
         self.checks = int(state["checks"])
         self.undecided = int(state["undecided"])
+        self.logged = self.checks  # a resumed run's kept metrics rows hold them already
+
+    def unlogged_metrics(self) -> dict | None:
+        """The last check's metrics (the gap, the share of the last update, the undecided total) once per new
+        check, for the step's metrics row; None when no check happened since the last call."""
+        if self.last is None or self.checks <= self.logged:
+            return None
+        self.logged = self.checks
+        return {**self.last.metrics(), "parity_undecided_total": self.undecided}
 
     def check(self, rollout) -> ParityReading:
         if self.probe is None:

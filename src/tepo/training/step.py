@@ -53,7 +53,6 @@ def collect_step(trainer, pool, step: int) -> Collected:
 def train_step(trainer, pool, collected: Collected | None = None) -> dict:
     """Run step ``trainer.step + 1`` on ``collected`` (sampled now when None) and return its metrics row."""
     c, parts = trainer.config, trainer
-    started = time.perf_counter()
 
     # 1-2. Sample and score (unless an overlapped rollout already did, one policy version behind).
     if collected is None:
@@ -186,14 +185,11 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
     if getattr(parts.rollout, "last_sync_seconds", None) is not None:
         row["rollout_sync_seconds"] = parts.rollout.last_sync_seconds  # included in gen_seconds
     guard = getattr(parts.rollout, "parity_guard", None)
-    if guard is not None and guard.checks > trainer.parity_checks_logged:
+    if guard is not None and (parity := guard.unlogged_metrics()) is not None:
         # This step's sync checked the engine (tepo.rollout.parity): the gap, and the share of the last update.
-        trainer.parity_checks_logged = guard.checks
-        row.update(guard.last.metrics())
-        row["parity_undecided_total"] = guard.undecided
+        row.update(parity)
     row["lr"] = parts.scheduler.get_last_lr()[0]
     row["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     if trainer.device.type == "cuda":  # the GPU's own peak since the run started (allocated by torch)
         row["gpu_peak_memory_mb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**20
-    row["step_seconds"] = time.perf_counter() - started
-    return row
+    return row  # step_seconds: measured by the caller (Trainer.run), waiting for an overlapped batch included

@@ -97,10 +97,6 @@ class Trainer:
     # ---- set-up ---------------------------------------------------------------------------------------------
 
     def __init__(self, config: RunConfig, run_dir: Path, *, log=print, precision: RunPrecision | None = None):
-        from tepo.models import load_model_and_tokenizer
-        from tepo.rollout import make_rollout_from_config
-        from tepo.rollout.registry import choose_rollout_backend
-
         self.device = run_device(config)  # first: a missing GPU is one line, before anything loads
         # Precision "auto" becomes the hardware's choice here (tepo.precision); train()/resume() pass what they
         # resolved and recorded in the run directory.
@@ -114,13 +110,32 @@ class Trainer:
             log(f"warning: {note}")
         for note in config_warnings(c):
             log(f"note: {note}")
-        self.train_problems, self.eval_problems = load_datasets(config)
+        self.train_problems, self.eval_problems = load_datasets(c)
         torch.manual_seed(c.train.seed)
         if c.train.deterministic:  # before the model's first matmul (cuBLAS reads its workspace setting then)
             from tepo.training.determinism import make_deterministic
 
             log(make_deterministic(self.device))
 
+        self._setup_model()
+        self._setup_rollout()
+        self._setup_optimizer()
+        self._setup_step_settings()
+
+        self.step = 0
+        self.bad_steps_in_row = 0
+        self.reward_base = {"timeouts": 0, "parse_failures": 0}  # earlier processes' counters of this run
+        self._pool: MathRewardPool | None = None
+        self._prefetch: RolloutPrefetch | None = None  # rollout.async_steps=1: the batch sampled ahead
+        self._cpu_before_overlap: tuple | None = None
+        self.inexact_resume_at_step: int | None = None  # set when resumed without the optimizer's moments
+
+    def _setup_model(self) -> None:
+        """The policy on the run's device (LoRA adapters where asked), the reference policy where the algorithm needs
+        one, activation checkpointing."""
+        from tepo.models import load_model_and_tokenizer
+
+        c, log = self.config, self.log
         self.model, self.tokenizer = load_model_and_tokenizer(
             c.model.name,
             trust_remote_code=c.model.trust_remote_code,
@@ -151,6 +166,14 @@ class Trainer:
         self.model.train()  # no dropout in the supported models (but LoRA's, model.lora.dropout)
         if c.model.gradient_checkpointing:
             _enable_activation_checkpointing(self.model)
+
+    def _setup_rollout(self) -> None:
+        """The rollout backend (its parity guard where it runs a separate engine) and the off-policy correction of its
+        gap to the trainer."""
+        from tepo.rollout import make_rollout_from_config
+        from tepo.rollout.registry import choose_rollout_backend
+
+        c, log = self.config, self.log
         self.rollout = make_rollout_from_config(
             c.rollout, self.model, self.tokenizer, seed=c.train.seed, run_dir=self.run_dir, log=log
         )
@@ -165,12 +188,18 @@ class Trainer:
                 engine_dtype=getattr(torch, self.rollout.dtype),
             )
         # Off-policy correction of the sampler/trainer gap (auto: on where another engine samples).
-        mode = resolve_rollout_correction(c, backend=choose_rollout_backend(c.rollout)[0])
+        mode = self.correction_mode = resolve_rollout_correction(
+            c, backend=choose_rollout_backend(c.rollout)[0]
+        )
         self.correction = (
             RolloutCorrection(mode, dict(c.algorithm.rollout_correction_options)) if mode != "none" else None
         )
         if self.correction is not None:
             log(f"rollout correction: {mode} {self.correction.options or '(default thresholds)'}")
+
+    def _setup_optimizer(self) -> None:
+        """AdamW over the trained parameters, the learning-rate schedule, the prompt stream."""
+        c = self.config
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],  # with LoRA: the adapters only
             lr=c.optim.lr,
@@ -184,7 +213,10 @@ class Trainer:
         )
         self.stream = PromptStream(self.train_problems, seed=c.train.seed)
 
-        # How each phase of a step runs (read by tepo.training.step).
+    def _setup_step_settings(self) -> None:
+        """How each phase of a step runs (read by tepo.training.step): sampling, shaping, log-prob passes, the update
+        and the passes it needs."""
+        c = self.config
         self.sampler = SamplerSettings(
             group_size=c.rollout.group_size,
             max_new_tokens=c.rollout.max_new_tokens,
@@ -227,7 +259,7 @@ class Trainer:
         self.needs_old_pass = (
             self.updates_per_step > 1
             or bool(needs & {"logp", "old_logp", "entropy", "sum_pi_squared"})
-            or correction_needs_old_pass(mode, c.algorithm.rollout_correction_options)
+            or correction_needs_old_pass(self.correction_mode, c.algorithm.rollout_correction_options)
             or get_policy_loss(c.algorithm.loss).needs_batch_stats
         )
         # Without an old-policy pass, a correction (one that drops nothing) is computed per micro-batch from the
@@ -235,15 +267,6 @@ class Trainer:
         self.update_plan = UpdatePlan(
             self.update_settings, self.logprob_settings, None if self.needs_old_pass else self.correction
         )
-
-        self.step = 0
-        self.parity_checks_logged = 0  # guard checks already in a metrics row (tepo.training.step)
-        self.bad_steps_in_row = 0
-        self.reward_base = {"timeouts": 0, "parse_failures": 0}  # earlier processes' counters of this run
-        self._pool: MathRewardPool | None = None
-        self._prefetch: RolloutPrefetch | None = None  # rollout.async_steps=1: the batch sampled ahead
-        self._cpu_before_overlap: tuple | None = None
-        self.inexact_resume_at_step: int | None = None  # set when resumed without the optimizer's moments
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
 
@@ -314,8 +337,7 @@ class Trainer:
         # The parity guard's probe and last scores (checkpoints older than 2026-12-04 have none: the first check
         # after resuming then tests the gross gap only, and draws the probe anew).
         if (guard := self._parity_guard()) is not None and state.get("parity_guard") is not None:
-            guard.load_state_dict(state["parity_guard"])
-            self.parity_checks_logged = guard.checks  # those are in the kept metrics rows already
+            guard.load_state_dict(state["parity_guard"])  # its checks so far are in the kept metrics rows
         self.step = int(state["step"])
         moved = truncate_metrics(self.run_dir, self.step)
         note = f" ({moved} metrics rows of later steps moved to metrics.rolledback.jsonl)" if moved else ""
