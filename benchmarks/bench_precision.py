@@ -61,7 +61,7 @@ def bench_forward_backward(rows: int, tokens: int, rounds: int) -> dict:
 
     model, _ = load_model_and_tokenizer(None)
     model.train()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     ids = torch.randint(
         0, model.config.vocab_size, (rows, tokens), generator=torch.Generator().manual_seed(0)
     )
@@ -113,7 +113,7 @@ def bench_hf_generate(prompts: int, samples: int, new_tokens: int, rounds: int) 
 
 def bench_vllm_generate(prompts: int, samples: int, new_tokens: int, rounds: int) -> dict:
     from tepo.models import load_model_and_tokenizer
-    from tepo.rollout import VLLMRollout
+    from tepo.rollout.vllm import VLLMRollout
 
     model, tokenizer = load_model_and_tokenizer(None)
     ids = _prompts(tokenizer, prompts)
@@ -186,9 +186,17 @@ def main(argv=None) -> None:
     results = {}
     print(f"forward+backward, {args.rows} x {args.tokens} tokens ...", flush=True)
     results["forward_backward"] = bench_forward_backward(args.rows, args.tokens, args.rounds)
+    print(
+        f"  float32 {results['forward_backward']['float32']:.0f} tok/s, bf16 {results['forward_backward']['bf16']:.0f} tok/s",
+        flush=True,
+    )
     workload = (args.prompts, args.samples, args.new_tokens, args.rounds)
     print(f"HF generate, {args.prompts} x {args.samples} x {args.new_tokens} tokens ...", flush=True)
     results["hf_generate"] = bench_hf_generate(*workload)
+    print(
+        f"  float32 {results['hf_generate']['float32']:.0f} tok/s, bf16 {results['hf_generate']['bf16']:.0f} tok/s",
+        flush=True,
+    )
     vllm_ok, why = rollout_backend_class("vllm").availability(type("R", (), {"vllm_python": None})())
     if args.skip_vllm or not vllm_ok:
         print(f"vLLM: skipped ({'--skip-vllm' if args.skip_vllm else why})", flush=True)

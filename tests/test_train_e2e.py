@@ -89,7 +89,16 @@ def test_two_steps_train_log_and_change_parameters(tmp_path, embedded_model_dir)
     summary = json.loads((run / "summary.json").read_text())
     for phase in ("before", "after"):
         assert 0.0 <= summary[phase]["eval_greedy_accuracy"] <= 1.0
-    assert (run / "config.yaml").exists()
+    # The run records the precision auto resolved to on this machine (tepo.precision): in the summary, in
+    # precision.json, and as config.yaml's values with the reason above them.
+    from tepo.precision import native_bf16
+
+    native = native_bf16("cpu").native
+    assert summary["precision"]["model_autocast_bf16"] is native
+    assert summary["precision"]["vllm_dtype"] == ("bfloat16" if native else "float32")
+    assert json.loads((run / "precision.json").read_text()) == summary["precision"]
+    saved = (run / "config.yaml").read_text()
+    assert saved.startswith("# precision: ") and f"autocast_bf16: {str(native).lower()}" in saved
 
 
 def _comparable(rows):
