@@ -17,8 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import ROOT, tiny_llama
 
+from helpers import ROOT, tiny_llama
 from tepo.rollout import HFRollout
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -66,7 +66,8 @@ def _reference(model, prompts, prompt_mask, *, max_new_tokens, temperature, top_
 
 
 @pytest.mark.parametrize(
-    ("temperature", "top_p", "greedy"), [(1.0, 1.0, False), (0.7, 1.0, False), (0.8, 0.7, False), (1.0, 1.0, True)]
+    ("temperature", "top_p", "greedy"),
+    [(1.0, 1.0, False), (0.7, 1.0, False), (0.8, 0.7, False), (1.0, 1.0, True)],
 )
 def test_logprobs_and_samples_equal_the_output_scores_path(temperature, top_p, greedy):
     model = tiny_llama(3, vocab_size=97)
@@ -95,7 +96,14 @@ def test_logprobs_and_samples_equal_the_output_scores_path(temperature, top_p, g
     torch.manual_seed(123)
     with torch.no_grad():
         want_ids, want_logp = _reference(
-            model, prompts, mask, max_new_tokens=14, temperature=temperature, top_p=top_p, greedy=greedy, eos=rollout.eos_token_ids
+            model,
+            prompts,
+            mask,
+            max_new_tokens=14,
+            temperature=temperature,
+            top_p=top_p,
+            greedy=greedy,
+            eos=rollout.eos_token_ids,
         )
     t = batch.response_len
     assert torch.equal(batch.response_ids, want_ids[:, :t])
