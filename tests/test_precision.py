@@ -91,6 +91,13 @@ def test_auto_picks_bf16_only_where_native():
     assert warnings == [] and slow.label == "float32" and "AMD EPYC 7B13 lacks avx512_bf16" in slow.reason
 
 
+def test_rollout_none_keeps_hf_generates_standalone_default():
+    """rollout.autocast_bf16=None (older configs, tepo eval) is HF generate's own default, not auto's choice."""
+    zen4 = parse_cpuinfo(ZEN4, "x86_64")
+    assert resolve_precision("auto", None, "auto", "cpu", cpu=zen4)[0].rollout_autocast_bf16 is False
+    assert resolve_precision("auto", "auto", "auto", "cpu", cpu=zen4)[0].rollout_autocast_bf16 is True
+
+
 def test_explicit_values_win_and_slow_bf16_is_one_warning_line():
     zen3, zen4 = parse_cpuinfo(ZEN3, "x86_64"), parse_cpuinfo(ZEN4, "x86_64")
     chosen, warnings = resolve_precision(True, "auto", "bfloat16", "cpu", cpu=zen3)

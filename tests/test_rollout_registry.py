@@ -79,7 +79,7 @@ def test_backend_keys_are_validated_by_their_backend_whatever_the_choice():
     message = str(err.value)
     for key in (
         "hf_max_batch_size: must be >= 1",
-        "vllm_dtype: expected bfloat16",
+        "vllm_dtype: expected auto, bfloat16",
         "vllm_kv_cache_gb: must be",
     ):
         assert f"rollout.{key}" in message
@@ -90,7 +90,7 @@ def test_one_source_of_defaults():
     """A run without a preset and a run of the default preset get the same model and rollout settings."""
     preset = load_config()
     assert preset.rollout == RolloutConfig() and preset.model == ModelConfig()
-    assert RolloutConfig().backend == "auto" and RolloutConfig().autocast_bf16 is True
+    assert RolloutConfig().backend == "auto" and RolloutConfig().autocast_bf16 == "auto"
 
 
 @pytest.mark.parametrize("name", rollout_backend_names())
@@ -115,6 +115,7 @@ def test_every_registered_backend_states_the_whole_contract(name):
 
 @pytest.mark.model
 def test_make_rollout_from_config_builds_and_logs_the_choice(embedded_model):
+    from tepo.precision import native_bf16
     from tepo.rollout import HFRollout
 
     model, tokenizer = embedded_model
@@ -130,7 +131,8 @@ def test_make_rollout_from_config_builds_and_logs_the_choice(embedded_model):
     lines.clear()
     config = RolloutConfig(backend="auto", vllm_python=MISSING_PYTHON)
     backend = make_rollout_from_config(config, model, tokenizer, seed=0, log=lines.append)
-    assert isinstance(backend, HFRollout) and backend.autocast_bf16 is True
+    # rollout.autocast_bf16=auto: bf16 where the CPU computes it natively (tepo.precision)
+    assert isinstance(backend, HFRollout) and backend.autocast_bf16 is native_bf16("cpu").native
     assert len(lines) == 1 and lines[0].startswith("rollout: hf (rollout.backend=auto: transformers generate")
     assert f"not vllm: vLLM interpreter '{MISSING_PYTHON}' does not exist" in lines[0]
 

@@ -68,8 +68,9 @@ class RolloutConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    # hf backend: generate under bf16 autocast (the numerics the bf16-autocast update scores with). auto (or None):
-    # on where the hardware computes bf16 natively (tepo.precision), as model.autocast_bf16.
+    # hf backend: generate under bf16 autocast (the numerics the bf16-autocast update scores with). auto: on where
+    # the hardware computes bf16 natively (tepo.precision), as model.autocast_bf16; None: HF generate's standalone
+    # default (float32 on the CPU, as tepo eval generates).
     # hf_max_batch_size: rows per generate call (None: all rows at once).
     autocast_bf16: bool | str | None = "auto"
     hf_max_batch_size: int | None = None

@@ -8,7 +8,7 @@ import time
 import torch
 from torch import Tensor
 
-from tepo.precision import standalone_generate_autocast
+from tepo.precision import native_bf16, standalone_generate_autocast
 from tepo.rollout.base import RolloutBatch, check_generate_request, eos_token_ids
 
 
@@ -49,10 +49,13 @@ class HFRollout:
     ) -> HFRollout:
         """The backend for ``rollout.backend=hf`` (``seed``, ``run_dir``, ``log``: nothing to use them for)."""
         del seed, run_dir, log
+        autocast = rollout_config.autocast_bf16
+        if autocast == "auto":  # a run config's auto: the hardware's choice, as tepo.training resolves it
+            autocast = native_bf16(str(next(model.parameters()).device)).native
         return cls(
             model,
             tokenizer,
-            autocast_bf16=rollout_config.autocast_bf16,
+            autocast_bf16=autocast,  # None: the standalone default (tepo eval)
             max_batch_size=rollout_config.hf_max_batch_size,
         )
 
