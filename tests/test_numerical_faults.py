@@ -104,6 +104,7 @@ def _same_optimizer(a: dict, b: dict) -> bool:
     )
 
 
+@pytest.mark.slow  # real training steps until the stop: 57 s; the skip-and-count rule keeps unit tests by default
 def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeypatch, embedded_model_dir):
     """Steps: 1 NaN loss, 2 good (checkpoint), 3 NaN loss, 4 infinite gradient; max_bad_steps=2.
 

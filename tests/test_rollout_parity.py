@@ -58,6 +58,7 @@ def test_guard_stops_a_stale_engine_and_passes_a_synced_one(monkeypatch, lora):
         assert rollout.parity_guard.checks == 3
 
 
+@pytest.mark.slow  # a LoRA training run on the real engine: 41 s; the full-model guard run stays in the default suite
 def test_a_lora_training_run_with_vllm_passes_the_guard_at_every_sync(tmp_path, embedded_model_dir):
     """The trainer with LoRA and the vLLM engine: each sync sends the merged adapted weights, and the guard (on by
     default) finds the engine on them every time."""
