@@ -342,7 +342,7 @@ ROWS: list[dict] = [
         "token-mean on both)",
         "differences": "verl 0.9.1 does not force the paper's aggregation (its default is token-mean); verl "
         "clamps the token's `log s` at 10 (`clamp(max=10)`), which also zeroes its gradient there: value and "
-        "gradient differ for ratios above `e^10`; seq-mean's `+ 1e-8` (relative 1e-8)",
+        "gradient differ for ratios above `e^10` (asserted: a row with log s = 12 and A < 0 has no gradient in verl, one in tepo); seq-mean's `+ 1e-8` (relative 1e-8)",
         "tests": [_VERL26],
     },
     {

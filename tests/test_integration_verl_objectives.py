@@ -137,6 +137,17 @@ CHECK_SCRIPT = textwrap.dedent(
                                  ours("gspo_token", old_near, adv_tok), rtol=1e-8)
     report["gspo_token_token_mean"] = equal(verl("gspo", cfg("token-mean", **g_kw), old_near, adv_tok),
                                             ours("gspo_token", old_near, adv_tok, agg="token-mean"))
+    # verl clamps each token's log s at 10 (clamp(max=10)), which also zeroes its gradient there; tepo does not
+    # clamp. Row 1 with log s = 12 and A < 0 (the unclipped branch of the PPO max): no gradient in verl, a gradient
+    # in tepo; every other row is equal.
+    old_far, adv_neg = old_near.clone(), adv_tok.clone()
+    old_far[1], adv_neg[1] = base[1] - 12.0, -1.0
+    v_val, v_grad = verl("gspo", cfg("token-mean", **g_kw), old_far, adv_neg)
+    o_val, o_grad = ours("gspo_token", old_far, adv_neg, agg="token-mean")
+    assert bool((v_grad[1][mask[1]] == 0).all()) and bool((o_grad[1][mask[1]] != 0).all())
+    others = [i for i in range(N) if i != 1]
+    torch.testing.assert_close(v_grad[others], o_grad[others], rtol=1e-10, atol=1e-14)
+    report["gspo_clamp_zeroes_verl_gradient_rows"] = 1
 
     # ---- dual_clip = verl vanilla's clip_ratio_c ----
     vanilla = cfg()  # verl defaults: clip_ratio 0.2, clip_ratio_c 3.0
@@ -177,3 +188,4 @@ def test_verl_2026_losses_equal_ours_or_differ_as_documented(verl_python, tmp_pa
     } <= set(report)
     assert len(report["dppo_tv"]) == 2 and len(report["dppo_kl"]) == 2
     assert report["grpo_vs_vanilla_differs_on"] > 0
+    assert report["gspo_clamp_zeroes_verl_gradient_rows"] == 1
