@@ -225,13 +225,14 @@ ROWS: list[dict] = [
         "tepo": "`vespo`, `k_*` / `lam_*`",
         "agree": "the same four parameters; no vLLM IS correction",
         "differences": "TRL also clamps each token's log-ratio to +-20 (equal inside); TRL clamps lambda to at "
-        "least 1e-4 (tepo's `lam = 0` means no exp term) and builds k, lambda in float32 (equal for values exact in "
+        "least 1e-4 (tepo takes lambda as given and refuses lam <= 0: below 1e-4 the two differ, asserted) and builds k, lambda in float32 (equal for values exact in "
         "float32, e.g. the defaults); TRL turns a NaN/inf weight into 0; TRL picks (k, lambda) by each element's "
         "advantage sign, tepo by the row's mean advantage (equal for TRL's per-sequence advantages); with vLLM's "
         "correction TRL folds the sampler ratio into the weight: refused",
         "tests": [
             f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
             f"{_TRL_CFG}::test_vespo_with_vllms_correction_is_refused",
+            f"{_TRL_CFG}::test_vespo_lambda_below_trls_floor_is_where_the_two_differ",
         ],
     },
     {

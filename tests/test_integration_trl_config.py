@@ -416,3 +416,19 @@ def test_trls_cispo_cases_are_not_vacuous(build):
     assert logged["cispo/cap<1"] == pytest.approx(positive) and logged["cispo/sequence/cap<1"] == 0.5
     token_at_cap = _run(build(loss_type="cispo", epsilon_high=1.025), GRPOTrainer._compute_loss, b)[0]
     assert abs(float(token_at_cap - values["cispo/sequence"])) > 1e-6
+
+
+def test_vespo_lambda_below_trls_floor_is_where_the_two_differ(build):
+    """TRL clamps vespo's lambda to at least 1e-4 (the parity page's row); tepo takes it as given and refuses 0."""
+    b = _batch()
+
+    def gap(lam):
+        trainer = build(loss_type="vespo", vespo_lambda_pos=lam, vespo_lambda_neg=lam)
+        trl = _run(trainer, GRPOTrainer._compute_loss, b)[1]
+        ours = _run(trainer, TepoGRPOTrainer._compute_loss, b)[1]
+        return float((ours - trl).abs().max() / trl.abs().max())
+
+    at_floor, below = gap(1e-4), gap(1e-9)
+    print(f"relative gradient gap at lambda 1e-4: {at_floor:.3e}, at 1e-9: {below:.3e}")
+    assert below > 100 * max(at_floor, 1e-12)  # TRL computed the second with 1e-4
+    _assert_equal_to_trl(build(loss_type="vespo", vespo_lambda_pos=1e-4, vespo_lambda_neg=1e-4), b)
