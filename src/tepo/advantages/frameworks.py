@@ -266,16 +266,11 @@ def tir_optimal_token_baseline_advantages(
         )
         if len(rows) < 2:
             continue
-        # Packed rows have no gaps: sum over the group of G W (zeros past each length), as verl's packed buffer.
-        base = (packed_ret[rows] * packed_w[rows]).sum(0) / (packed_w[rows].sum(0) + eps)
-        base = base.expand(len(rows), -1).clone()
-        if handle_zero_tail:
-            group_lengths = lengths[rows]
-            ordered = torch.sort(group_lengths).values
-            longest = (group_lengths == ordered[-1]).nonzero().flatten()
-            if longest.numel() == 1 and ordered[-1] > ordered[-2]:
-                base[int(longest[0]), int(ordered[-2]) :] = 0.0
-        baselines[rows] = base
+        # Packed rows have no gaps (zeros past each length, as verl's packed buffer): the single-turn baseline of
+        # the packed group, with its zero tail.
+        baselines[rows] = _otb_baselines(
+            packed_ret[rows], packed_w[rows], packed_mask[rows].to(returns.dtype), lengths, rows, handle_zero_tail, eps
+        )
     adv = torch.zeros_like(returns)
     adv[m] = (packed_ret - baselines)[packed_mask]
     return adv * mf
