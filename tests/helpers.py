@@ -87,3 +87,31 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def random_rollout_batch(groups: int, group_size: int, prompt: int, response: int, *, seed: int = 1):
+    """A ``RolloutBatch`` of ``groups`` prompts (``prompt`` random ids each) x ``group_size`` responses of random
+    lengths 1..``response`` (ids < 32, padded with 0 after each response's end), rows grouped by prompt."""
+    import torch
+
+    from tepo.rollout.base import RolloutBatch
+
+    gen = torch.Generator().manual_seed(seed)
+    n = groups * group_size
+    prompts = torch.randint(1, 32, (groups, prompt), generator=gen).repeat_interleave(group_size, 0)
+    lengths = torch.randint(1, response + 1, (n,), generator=gen)
+    ids = torch.randint(1, 32, (n, response), generator=gen)
+    rmask = (torch.arange(response)[None] < lengths[:, None]).float()
+    ids = torch.where(rmask.bool(), ids, torch.zeros_like(ids))
+    att = torch.cat([torch.ones(n, prompt, dtype=torch.long), rmask.long()], 1)
+    return RolloutBatch(
+        input_ids=torch.cat([prompts, ids], 1),
+        attention_mask=att,
+        response_mask=rmask,
+        response_len=response,
+        prompt_index=torch.arange(n) // group_size,
+        texts=[""] * n,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        gen_seconds=0.0,
+        num_generated_tokens=int(rmask.sum()),
+    )

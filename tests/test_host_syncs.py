@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from helpers import tiny_llama
+from helpers import random_rollout_batch, tiny_llama
 from tepo.losses import compute_policy_loss
 from tepo.losses._common import deferred_metrics, resolve_values
 from tepo.rollout.base import RolloutBatch
@@ -54,25 +54,7 @@ class CountReads(TorchFunctionMode):
 
 
 def _batch() -> RolloutBatch:
-    gen = torch.Generator().manual_seed(1)
-    n = GROUPS * G
-    prompts = torch.randint(1, 32, (GROUPS, PROMPT), generator=gen).repeat_interleave(G, 0)
-    lengths = torch.randint(1, RESPONSE + 1, (n,), generator=gen)
-    response = torch.randint(1, 32, (n, RESPONSE), generator=gen)
-    rmask = (torch.arange(RESPONSE)[None] < lengths[:, None]).float()
-    response = torch.where(rmask.bool(), response, torch.zeros_like(response))
-    att = torch.cat([torch.ones(n, PROMPT, dtype=torch.long), rmask.long()], 1)
-    return RolloutBatch(
-        input_ids=torch.cat([prompts, response], 1),
-        attention_mask=att,
-        response_mask=rmask,
-        response_len=RESPONSE,
-        prompt_index=torch.arange(n) // G,
-        texts=[""] * n,
-        truncated=torch.zeros(n, dtype=torch.bool),
-        gen_seconds=0.0,
-        num_generated_tokens=int(rmask.sum()),
-    )
+    return random_rollout_batch(GROUPS, G, PROMPT, RESPONSE, seed=1)
 
 
 def _update(micro: int, advantages=None, loss="tepo", count=False):
