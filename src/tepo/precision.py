@@ -23,7 +23,6 @@ scores, bf16 on a GPU that computes it natively.
 
 from __future__ import annotations
 
-import os
 import platform
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -239,10 +238,3 @@ def config_precision_errors(model_autocast_bf16, rollout_autocast_bf16, vllm_dty
         if isinstance(value, str) and value.lower() != AUTO:
             errors.append(f"{name}: expected true, false or auto, got {value!r}")
     return errors
-
-
-def torch_threads_note() -> str:
-    """How many threads torch computes with here (what a benchmark's number depends on)."""
-    import torch
-
-    return f"{torch.get_num_threads()} torch threads, {os.cpu_count()} logical CPUs"
