@@ -2,7 +2,7 @@
 make them agree, the differences, and the test that shows it (equality at float64, or the documented difference).
 
 docs/parity.md is generated from `ROWS` (``python tests/parity_rows.py > docs/parity.md``);
-tests/test_parity_doc.py fails when the page is stale or when a row names a test that does not exist. Add a row
+tests/integrations/test_parity_doc.py fails when the page is stale or when a row names a test that does not exist. Add a row
 with each parity test; keep the cells short (the test's docstring holds the detail).
 """
 
@@ -22,16 +22,16 @@ HEADERS = (
     "test (runs by default?)",
 )
 
-_TRL_KL = "tests/test_parity_trl_estimators.py"
-_TRL_CFG = "tests/test_integration_trl_config.py"
+_TRL_KL = "tests/integrations/test_parity_trl_estimators.py"
+_TRL_CFG = "tests/integrations/test_integration_trl_config.py"
 _VERL = (
-    "tests/test_integration_verl_estimators.py::test_verl_estimators_rejections_and_normalisation_equal_ours"
+    "tests/integrations/test_integration_verl_estimators.py::test_verl_estimators_rejections_and_normalisation_equal_ours"
 )
 _VERL26 = (
-    "tests/test_integration_verl_objectives.py::test_verl_2026_losses_equal_ours_or_differ_as_documented"
+    "tests/integrations/test_integration_verl_objectives.py::test_verl_2026_losses_equal_ours_or_differ_as_documented"
 )
-_MORE = "tests/test_integration_verl_parity_more.py"
-_T39 = "tests/test_integration_verl_framework_estimators.py::test_verl_estimators_and_losses_of_issue_39_equal_ours"
+_MORE = "tests/integrations/test_integration_verl_parity_more.py"
+_T39 = "tests/integrations/test_integration_verl_framework_estimators.py::test_verl_estimators_and_losses_of_issue_39_equal_ours"
 
 ROWS: list[dict] = [
     {
@@ -94,7 +94,7 @@ ROWS: list[dict] = [
         "tepo": "`advantage: maxrl`: `(R - mean_g R) / (mean_g R + 1e-6)`, 0 when the mean is 0",
         "agree": "no framework ships it: closed-form tests only",
         "differences": "refuses negative rewards",
-        "tests": ["tests/test_advantages_group_baselines.py::test_maxrl_hand_values"],
+        "tests": ["tests/advantages/test_advantages_group_baselines.py::test_maxrl_hand_values"],
     },
     {
         "name": "`opo` (advantage)",
@@ -103,7 +103,7 @@ ROWS: list[dict] = [
         "tepo": "`advantage: opo`: the same over contiguous groups, `L_j = sum_t mask`",
         "agree": "the G responses of a prompt in contiguous rows (tepo's batch layout), G >= 2",
         "differences": "G = 1: verl A = R, tepo 0; a group of empty responses: verl NaN, tepo the plain mean",
-        "tests": [_VERL, "tests/test_advantages_group_baselines.py::test_opo_zero_groups_and_empty_responses"],
+        "tests": [_VERL, "tests/advantages/test_advantages_group_baselines.py::test_opo_zero_groups_and_empty_responses"],
     },
     {
         "name": "`seq_k3` (rollout rejection)",
@@ -116,7 +116,7 @@ ROWS: list[dict] = [
         "verl's bypass mode (against the current policy, per micro-batch) has no tepo equal",
         "tests": [
             _VERL,
-            "tests/test_correction_rejections.py::test_seq_k3_drops_rows_by_their_mean_token_k3",
+            "tests/losses/test_correction_rejections.py::test_seq_k3_drops_rows_by_their_mean_token_k3",
         ],
     },
     {
@@ -132,8 +132,8 @@ ROWS: list[dict] = [
         "+0.0009998, +0.0010003, `c_low/c_high` 0.999/1.001 keep [T, T, F, F], verl's `0.999_1.001` [F, F, T, T] "
         "(asserted); verl's mean divides by `count + 1e-8`",
         "tests": [
-            "tests/test_integration_verl_rollout_rs.py::test_seq_mask_and_mis_keep_what_verls_k1_rejection_keeps",
-            "tests/test_correction_verl_threshold.py::test_the_same_numbers_keep_mirror_image_rows_and_verl_threshold_maps_them",
+            "tests/integrations/test_integration_verl_rollout_rs.py::test_seq_mask_and_mis_keep_what_verls_k1_rejection_keeps",
+            "tests/losses/test_correction_verl_threshold.py::test_the_same_numbers_keep_mirror_image_rows_and_verl_threshold_maps_them",
         ],
     },
     {
@@ -146,7 +146,7 @@ ROWS: list[dict] = [
         "differences": "none (both clamp `log rho` to [-20, 20])",
         "tests": [
             _VERL,
-            "tests/test_correction_rejections.py::test_seq_max_k2_vetoes_a_row_for_one_far_token",
+            "tests/losses/test_correction_rejections.py::test_seq_max_k2_vetoes_a_row_for_one_far_token",
         ],
     },
     {
@@ -159,10 +159,10 @@ ROWS: list[dict] = [
         "every valid token, tepo's `mis` over the kept ones: verl = tepo * valid / kept (asserted)",
         "tests": [
             _VERL,
-            "tests/test_correction_rejections.py::test_seq_tis_normalize_averages_one_weight_per_sequence_not_per_token",
+            "tests/losses/test_correction_rejections.py::test_seq_tis_normalize_averages_one_weight_per_sequence_not_per_token",
         ],
     },
-    # TRL's GRPOConfig through TepoGRPOTrainer(loss_name=None) (issue #25 item 3): tests/test_integration_trl_config.py
+    # TRL's GRPOConfig through TepoGRPOTrainer(loss_name=None) (issue #25 item 3): tests/integrations/test_integration_trl_config.py
     {
         "name": "`grpo`, `dapo`, `dr_grpo` (TRL `GRPOConfig`)",
         "trl": "`loss_type` `grpo` / `dapo`, `bnpo` / `dr_grpo` (or `luspo`) at `importance_sampling_level=token`",
@@ -201,8 +201,8 @@ ROWS: list[dict] = [
         "tests": [
             f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
             f"{_TRL_CFG}::test_trls_cispo_cases_are_not_vacuous",
-            "tests/test_losses_cispo.py::test_cispo_weight_is_the_clipped_token_ratio_under_any_cap",
-            "tests/test_losses_cispo.py::test_cispo_seq_weights_every_token_by_the_clipped_sequence_ratio",
+            "tests/losses/test_losses_cispo.py::test_cispo_weight_is_the_clipped_token_ratio_under_any_cap",
+            "tests/losses/test_losses_cispo.py::test_cispo_seq_weights_every_token_by_the_clipped_sequence_ratio",
         ],
     },
     {
@@ -277,9 +277,9 @@ ROWS: list[dict] = [
         "it up, or also keeps a token just below (both built, asserted); tepo's trainer takes the quantile over the "
         "mini-batch (micro-batch invariant)",
         "tests": [
-            "tests/test_parity_trl_entropy.py::test_tepo_entropy_threshold_keeps_what_trls_get_high_entropy_mask_keeps",
-            "tests/test_parity_trl_entropy.py::test_the_float32_quantile_differs_only_by_rounding",
-            "tests/test_parity_trl_entropy.py::test_tepo_top_entropy_quantile_loss_equals_trls_compute_loss",
+            "tests/integrations/test_parity_trl_entropy.py::test_tepo_entropy_threshold_keeps_what_trls_get_high_entropy_mask_keeps",
+            "tests/integrations/test_parity_trl_entropy.py::test_the_float32_quantile_differs_only_by_rounding",
+            "tests/integrations/test_parity_trl_entropy.py::test_tepo_top_entropy_quantile_loss_equals_trls_compute_loss",
             f"{_TRL_CFG}::test_trl_config_maps_to_a_registry_loss_equal_to_trls",
         ],
     },
@@ -295,7 +295,7 @@ ROWS: list[dict] = [
         "of TRL's (0.5x on the test batch, asserted); TRL's bonus acts only on the tokens its entropy quantile "
         "keeps, tepo's option on every token",
         "tests": [
-            "tests/test_parity_trl_entropy.py::test_tepo_entropy_coef_under_token_mean_equals_trls_bonus",
+            "tests/integrations/test_parity_trl_entropy.py::test_tepo_entropy_coef_under_token_mean_equals_trls_bonus",
             f"{_TRL_CFG}::test_trl_entropy_coef_is_a_token_mean_not_the_losss_aggregation",
             f"{_TRL_CFG}::test_trl_adaptive_entropy_controller_equals_trls",
         ],
@@ -367,7 +367,7 @@ ROWS: list[dict] = [
         "(verl 0.2, tepo 0.28); verl clamps the log-ratio to +-20 (ratios beyond `e^20` differ)",
         "tests": [_VERL26],
     },
-    # verl 0.9.1's own functions, continued: tests/test_integration_verl_parity_more.py
+    # verl 0.9.1's own functions, continued: tests/integrations/test_integration_verl_parity_more.py
     {
         "name": "`grpo`, `dapo`, `dr_grpo` (verl `vanilla`)",
         "trl": "see the TRL `GRPOConfig` row",
@@ -438,10 +438,10 @@ ROWS: list[dict] = [
         "differ (asserted)",
         "tests": [
             f"{_MORE}::test_tis_seq_tis_mis_equal_verls_rollout_is_weights",
-            "tests/test_integration_verl_rollout_rs.py::test_seq_mask_and_mis_keep_what_verls_k1_rejection_keeps",
+            "tests/integrations/test_integration_verl_rollout_rs.py::test_seq_mask_and_mis_keep_what_verls_k1_rejection_keeps",
         ],
     },
-    # Names no framework ships: closed-form tests only (tests/test_parity_doc.py wants a row for every name)
+    # Names no framework ships: closed-form tests only (tests/integrations/test_parity_doc.py wants a row for every name)
     {
         "name": "`tepo_token`, `reinforce_is`, `prefix_is`, `cov_gauss` (TEPO / 2026 losses)",
         "trl": "none (TRL's experimental `gspo_token` is `gspo_token`'s row)",
@@ -451,10 +451,10 @@ ROWS: list[dict] = [
         "agree": "no framework ships them: closed-form tests only",
         "differences": "none to compare",
         "tests": [
-            "tests/test_losses_objectives.py::test_tepo_token_with_token_level_advantages",
-            "tests/test_losses.py::test_reinforce_is_detached_sequence_weight",
-            "tests/test_losses.py::test_prefix_is_running_mean_ratio",
-            "tests/test_losses.py::test_cov_gauss_gaussian_weights",
+            "tests/losses/test_losses_objectives.py::test_tepo_token_with_token_level_advantages",
+            "tests/losses/test_losses.py::test_reinforce_is_detached_sequence_weight",
+            "tests/losses/test_losses.py::test_prefix_is_running_mean_ratio",
+            "tests/losses/test_losses.py::test_cov_gauss_gaussian_weights",
         ],
     },
     {
@@ -465,8 +465,8 @@ ROWS: list[dict] = [
         "agree": "no framework ships them: closed-form tests only",
         "differences": "none to compare",
         "tests": [
-            "tests/test_advantages.py::test_entropy_adv_hand_values_with_nan_padding",
-            "tests/test_advantages.py::test_erpo_relu_gate_hand_values",
+            "tests/advantages/test_advantages.py::test_entropy_adv_hand_values_with_nan_padding",
+            "tests/advantages/test_advantages.py::test_erpo_relu_gate_hand_values",
         ],
     },
     {
@@ -478,7 +478,7 @@ ROWS: list[dict] = [
         "differences": "G = 1: verl baseline 0, tepo refuses (group-relative)",
         "tests": [
             _T39,
-            "tests/test_advantages_frameworks.py::test_reinforce_plus_plus_whitens_returns_over_tokens",
+            "tests/advantages/test_advantages_frameworks.py::test_reinforce_plus_plus_whitens_returns_over_tokens",
         ],
     },
     {
@@ -488,7 +488,7 @@ ROWS: list[dict] = [
         "tepo": "`advantage: grpo_passk` (option `norm_by_std`), `gpg` (option `f_norm`)",
         "agree": "`norm_by_std` = `norm_adv_by_std_in_grpo`; contiguous groups",
         "differences": "gpg: verl's `alpha` is float32 (relative 1.5e-8), tepo's float64",
-        "tests": [_T39, "tests/test_advantages_frameworks.py::test_grpo_passk_only_the_best_learns"],
+        "tests": [_T39, "tests/advantages/test_advantages_frameworks.py::test_grpo_passk_only_the_best_learns"],
     },
     {
         "name": "`optimal_token_baseline`, `tir_optimal_token_baseline` (advantage)",
@@ -497,7 +497,7 @@ ROWS: list[dict] = [
         "tepo": "the same names; `sum_pi_squared` from the trainer's pre-update pass",
         "agree": "`rollout_is_weights=None`; `handle_zero_tail` the same",
         "differences": "verl scales `W` by squared rollout IS weights when given; tepo passes none",
-        "tests": [_T39, "tests/test_advantages_frameworks.py::test_optimal_token_baseline_by_hand"],
+        "tests": [_T39, "tests/advantages/test_advantages_frameworks.py::test_optimal_token_baseline_by_hand"],
     },
     {
         "name": "`gdpo` (advantage)",
@@ -507,9 +507,9 @@ ROWS: list[dict] = [
         "agree": "verl: defaults (float64 one-reward path 1e-12; two-reward path at float32); TRL: `eps=1e-4, batch_norm=sequence` (its formula by value)",
         "differences": "verl computes the multi-reward path in float32 (casts the columns and weights); an all-equal group of one reward is exactly 0 in tepo (verl: float residue / (std + eps)); fewer than two reward functions refused by config",
         "tests": [
-            "tests/test_integration_verl_gdpo.py::test_verl_gdpo_equals_ours",
-            "tests/test_gdpo.py::test_trl_normalize_then_sum_formula",
-            "tests/test_gdpo.py::test_each_reward_is_normalised_in_its_group_before_the_weighted_sum",
+            "tests/integrations/test_integration_verl_gdpo.py::test_verl_gdpo_equals_ours",
+            "tests/training/test_gdpo.py::test_trl_normalize_then_sum_formula",
+            "tests/training/test_gdpo.py::test_each_reward_is_normalised_in_its_group_before_the_weighted_sum",
         ],
     },
     {
@@ -519,7 +519,7 @@ ROWS: list[dict] = [
         "tepo": "refused with one line (no greedy baseline rollout in tepo's trainer)",
         "agree": "not offered",
         "differences": "use `rloo` or `grpo`",
-        "tests": ["tests/test_advantages_frameworks.py::test_remax_refused_by_config_in_one_line"],
+        "tests": ["tests/advantages/test_advantages_frameworks.py::test_remax_refused_by_config_in_one_line"],
     },
     {
         "name": "`gpg`, `dro` (policy loss)",
@@ -528,7 +528,7 @@ ROWS: list[dict] = [
         "tepo": "`loss: gpg`, `loss: dro` (option `beta`)",
         "agree": "token-mean, `beta` = `dro_beta`, the global token count",
         "differences": "dro: verl has no default `dro_beta`; tepo's default 0.1 is ours",
-        "tests": [_T39, "tests/test_losses_objectives.py::test_gpg_and_dro_value_and_gradient_by_hand"],
+        "tests": [_T39, "tests/losses/test_losses_objectives.py::test_gpg_and_dro_value_and_gradient_by_hand"],
     },
     {
         "name": "`bypass_mode` (policy loss)",
@@ -537,7 +537,7 @@ ROWS: list[dict] = [
         "tepo": "not a loss name: `algorithm.rollout_correction` weights `pi_old / pi_rollout` with the old policy recomputed",
         "agree": "on-policy with equal numerics `ppo_clip` bypass = `grpo`; `reinforce` = `gpg` x IS weights with old = rollout",
         "differences": "tepo has no switch that clips against the sampler's log-probs (tepo.losses.plain_gradient.BYPASS_MODE)",
-        "tests": ["tests/test_losses_objectives.py::test_gpg_and_dro_value_and_gradient_by_hand"],
+        "tests": ["tests/losses/test_losses_objectives.py::test_gpg_and_dro_value_and_gradient_by_hand"],
     },
 ]
 
@@ -547,7 +547,7 @@ INTRO = """\
 One row per name that tepo shares with TRL (1.16) or verl (0.9.1). Each row names the test that feeds the same
 tensors to the framework's own code and to tepo's, and asserts equality at float64 under the settings in the
 "agree" column, or the documented difference. Generated from `tests/parity_rows.py`
-(`python tests/parity_rows.py > docs/parity.md`); `tests/test_parity_doc.py` fails when this page is stale, when
+(`python tests/parity_rows.py > docs/parity.md`); `tests/integrations/test_parity_doc.py` fails when this page is stale, when
 a row names a test that does not exist, and when a registered loss, advantage estimator, KL estimator or rollout
 correction has no row. Each test says whether it runs by default: TRL tests (and closed-form tests) run in the
 default suite (TRL 1.16 is the `[trl]` extra); verl tests are opt-in, `pytest -m slow <file>`, and build
@@ -562,7 +562,7 @@ _KIND_MARKS = {"advantage": "(advantage)", "KL": "(KL)", "rollout correction": "
 def covered(kind: str) -> set[str]:
     """The names of ``kind`` the page has a row for: the backticked words of each row's ``name`` cell, where the
     cell carries the kind's mark ("(advantage)", "(KL)", "(rollout ..."); a ``loss`` is any row without those
-    marks. tests/test_parity_doc.py fails for a registered name of that kind missing here."""
+    marks. tests/integrations/test_parity_doc.py fails for a registered name of that kind missing here."""
     marks = _KIND_MARKS.values()
     names: set[str] = set()
     for row in ROWS:

@@ -1,11 +1,11 @@
 """Past the toy: real data, real batch shapes and longer responses through the default engine (issue #23).
 
 Everything before this file ran 4 prompts x 8 samples x 64 tokens of single-digit arithmetic, which is why the
-first realistic batch crashed the engine unseen (tests/test_rollout_vllm.py has that crash on its smallest batch).
+first realistic batch crashed the engine unseen (tests/rollout/test_rollout_vllm.py has that crash on its smallest batch).
 Here: GSM8K rows from $TEPO_DATA_DIR through `tepo train`; `tepo eval --protocol tepo` over all seven of its
 benchmarks with vLLM, sampled avg@32 included; the paper's batch shape through the vLLM server. Each asserts
 success, finite metrics and the shapes, never a time. All are `-m slow`; the default suite's short version is
-tests/test_rollout_vllm.py::test_a_batch_past_the_engines_step_budget_is_sampled_reproducibly (the crash on the
+tests/rollout/test_rollout_vllm.py::test_a_batch_past_the_engines_step_budget_is_sampled_reproducibly (the crash on the
 smallest batch that caused it, on the real engine).
 """
 
@@ -56,7 +56,7 @@ def _assert_finite_step(row: dict, *, rows: int, max_new_tokens: int) -> None:
 def test_gsm8k_training_step_with_prompts_past_one_engine_step(tmp_path):
     """16 GSM8K prompts x 3 samples hold about 4,900 prompt tokens, past vLLM's 4096-token step on CPU: the batch
     that crashed `tepo train` before, through the whole trainer. (Slow-marked: 14 min on the loaded machine it was
-    written on. The default suite has the crash itself on its smallest batch in tests/test_rollout_vllm.py.)"""
+    written on. The default suite has the crash itself on its smallest batch in tests/rollout/test_rollout_vllm.py.)"""
     rows, _ = _train(
         tmp_path,
         "train.prompts_per_step=16",

@@ -19,7 +19,7 @@ Importing it (before ``verl.workers`` is imported, which caches the device name 
 3. registers verl's FSDP engines (``fsdp``, ``fsdp2``; language and value model) under the engine registry's
    device key ``cpu`` (verl registers them for ``cuda`` and ``npu`` only);
 4. nothing about ``ReduceOp.AVG``: verl's worker all-reduces its loss metric with ``AVG`` and FSDP2 averages
-   gradients; torch 2.13's gloo supports ``AVG`` (checked by tests/test_integration_verl_engine.py on 2 ranks),
+   gradients; torch 2.13's gloo supports ``AVG`` (checked by tests/integrations/test_integration_verl_engine.py on 2 ranks),
    so no emulation is installed.
 
 The settings verl needs on CPU besides the platform are `MODEL_SETTINGS` / `ENGINE_SETTINGS` (and the same as

@@ -1,6 +1,6 @@
 """verl 0.9.1 builtins against tepo's losses of the same name: which verl defaults change the reading.
 
-Run inside ``.venv-verl`` by tests/test_integration_verl_engine.py (no model, synthetic [8, 9] tensors, ratios
+Run inside ``.venv-verl`` by tests/integrations/test_integration_verl_engine.py (no model, synthetic [8, 9] tensors, ratios
 spread wide enough to reach verl's dual clip). For each pair, verl's builtin with verl's defaults differs from
 ours, and with the documented settings equals ours in value and gradient (docs/integrations.md, "verl defaults
 that change tepo's reading"):

@@ -1,4 +1,4 @@
-"""One rank of tests/test_integration_verl_engine.py: verl 0.9.1's actor worker, one SGD step per loss, on CPU.
+"""One rank of tests/integrations/test_integration_verl_engine.py: verl 0.9.1's actor worker, one SGD step per loss, on CPU.
 
 Run by ``torchrun --nproc_per_node W`` inside ``.venv-verl`` with ``VERL_USE_EXTERNAL_MODULES=verl_cpu_platform``
 (tests/verl_cpu_platform.py) and this directory on ``PYTHONPATH``; tepo's losses come in through verl's plugin

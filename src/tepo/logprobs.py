@@ -79,7 +79,7 @@ def response_logprobs(
     ``prompt_groups`` (``[N]`` ints, optional): rows with the same value have the same prompt block (the first
     ``P`` columns of ``input_ids`` and ``attention_mask``), as the G samples of one prompt do. The prompt is then
     run once per group and its keys/values are shared by the group's rows (:func:`_shared_prompt_hidden`); the
-    result equals the unshared pass up to float rounding, values and gradients (tests/test_shared_prompt.py).
+    result equals the unshared pass up to float rounding, values and gradients (tests/training/test_shared_prompt.py).
     """
     _check_inputs(input_ids, attention_mask, response_len, chunk_size, temperature)
     body, lm_head = _split_model(model)

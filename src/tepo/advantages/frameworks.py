@@ -1,7 +1,7 @@
 """Estimators verl 0.9.1 registers (``register_adv_est``) beyond the GRPO family: REINFORCE++ (with and without a
 group baseline), Pass@k training, GPG, the optimal token baseline (single- and multi-turn) and GDPO's
 multi-reward normalisation. Each equals verl's function on the same float64 tensors, the settings written in
-tests/test_integration_verl_framework_estimators.py; ``remax`` is refused (see `REFUSED_ESTIMATORS`).
+tests/integrations/test_integration_verl_framework_estimators.py; ``remax`` is refused (see `REFUSED_ESTIMATORS`).
 
 verl's batch whitening (``verl_F.masked_whiten``) is `masked_whiten` here: the mean and the unbiased variance
 over every valid token of the batch (a response counts once per token), ``(x - mean) / sqrt(var + 1e-8)``.

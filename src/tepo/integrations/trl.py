@@ -52,7 +52,7 @@ Refused, with the reason: combinations with no registry equal (sapo on the seque
 the sequence-ratio-weighted k3 of ``importance_sampling_level="sequence"`` with the bias correction), one number
 set both in GRPOConfig and in loss_options, and the Liger kernel (which
 bypasses the loss hook). The MoE router auxiliary loss is added as TRL adds it. Tested equal to TRL's builtin
-loss at float64: tests/test_integration_trl_config.py.
+loss at float64: tests/integrations/test_integration_trl_config.py.
 
 TRL warns on ``importance_sampling_level="sequence"`` with a token-sum loss (it "weights each sequence by its
 completion length"): that is TEPO's own configuration, deliberately, and the trainer logs why

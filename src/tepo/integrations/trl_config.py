@@ -168,7 +168,7 @@ def _set_once(options: dict[str, Any], key: str, value: Any, trl_field: str, pro
 
 
 # TRL's scale_rewards -> the tepo estimator computing the same advantages (grpo_batch_std with eps 1e-4 is TRL's
-# "batch" exactly; tests/test_parity_trl_estimators.py).
+# "batch" exactly; tests/integrations/test_parity_trl_estimators.py).
 SCALE_REWARDS_ESTIMATORS = {"group": "grpo", "batch": "grpo_batch_std", "none": "dr_grpo"}
 
 

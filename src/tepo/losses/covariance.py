@@ -266,7 +266,7 @@ def kl_cov(
     Cui et al. (arXiv 2505.22617) Eq. 13: no ratio clipping; the k = max(1, int(kl_cov_ratio * n_valid)) valid
     tokens with the largest cov get the penalty coef*|log r|. Defaults kl_cov_ratio 2e-4 (verl's) and kl_cov_coef
     1.0 (the paper's beta = 1; verl's configured ppo_kl_coef is 0.1, its function's fallback 1.0 is never reached:
-    verl's default = kl_cov_coef=0.1, tests/test_integration_verl_parity_more.py). With ``cov_stats`` from `tepo.losses.mini_batch_stats` the
+    verl's default = kl_cov_coef=0.1, tests/integrations/test_integration_verl_parity_more.py). With ``cov_stats`` from `tepo.losses.mini_batch_stats` the
     top-k is the mini-batch's; without, this call's (module docstring). Metrics: ``kl_cov_frac`` = penalised
     share of this call's valid tokens and ``kl_cov_abs_kl`` = mean |log r| over them (verl's ppo_kl).
     """

@@ -36,7 +36,7 @@ on at all), for these modes:
     ``verl_threshold="lower_upper"`` (a string, verl's own spelling; one number ``u`` means ``1/u_u``, as verl)
     applies this mapping, so a verl threshold can be pasted as it is. Defaults ``c_low = 1/1.001``,
     ``c_high = 1/0.999`` (0.999001, 1.001001): verl's ``decoupled_geo_rs()`` preset, ``"0.999_1.001"``, mapped.
-    Tested equal to verl's ``compute_rollout_rejection_mask`` (tests/test_integration_verl_rollout_rs.py).
+    Tested equal to verl's ``compute_rollout_rejection_mask`` (tests/integrations/test_integration_verl_rollout_rs.py).
 ``seq_k3`` (sequence-level k3 rejection; verl ``rollout_rs="seq_mean_k3"``, "K3-RS")
     ``K3_i = mean_t (rho_t - 1 - log rho_t)``, the mean per-token k3 estimate of KL(pi_s || pi_old) over the
     row's valid tokens; ``keep_i = [K3_i <= threshold]``, ``w = 1`` on kept rows. Default threshold 0.01:

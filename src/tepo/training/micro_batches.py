@@ -15,7 +15,7 @@ ranks (Karmarkar-Karp); with one process there is nothing to balance, and sortin
 
 The gradient does not depend on the layout: every loss is normalised by its mini-batch's counts (`tepo.losses`),
 and mini-batch statistics are sliced with ``stats.rows(index, cols)`` for any index, so a permuted, uneven split
-sums to the same gradient (tests/test_micro_batch_tokens.py, float64, every registered loss).
+sums to the same gradient (tests/training/test_micro_batch_tokens.py, float64, every registered loss).
 """
 
 from __future__ import annotations
