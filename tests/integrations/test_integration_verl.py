@@ -1,12 +1,10 @@
 """`tepo.integrations.verl` against the real verl 0.9.1, in its own virtual environment.
 
-verl 0.9.1 pins dependencies that clash with tepo's environment, so a session fixture builds ``.venv-verl`` in
-the repository root (once; later runs reuse it): ``python -m venv``, ``pip install torch==2.13.0``,
-``pip install -c constraints.txt verl==0.9.1 uvicorn fastapi cachetools TransferQueue`` (verl's engine workers
-and its PPO drivers import these without declaring them), ``pip install -e . --no-deps``. That is about a
-minute from a warm package cache but about 2 GB of downloads on a fresh machine, hence ``@pytest.mark.slow``
-(opt in: ``pytest -m slow tests/integrations/test_integration_verl.py``). The fixture skips only when pip cannot reach a
-package index.
+verl 0.9.1 pins dependencies that clash with tepo's environment, so the session fixture ``verl_python``
+(tests/integrations/conftest.py, with tests/verl_runner.py) builds ``.venv-verl`` in the repository root (once; later
+runs reuse it). That is about a minute from a warm package cache but about 2 GB of downloads on a fresh machine,
+hence ``@pytest.mark.slow`` (opt in: ``pytest -m slow tests/integrations/test_integration_verl.py``). The fixture
+skips only when pip cannot reach a package index.
 
 The checks run in a subprocess inside that environment (`CHECK_SCRIPT`): verl's own ``import verl`` must have
 loaded our plugin through the ``verl.plugins`` entry point (and, in a second process, through
@@ -19,81 +17,14 @@ forward is in tests/integrations/test_integration_verl_actor.py.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from verl_runner import ROOT, run, run_verl_script, verl_env
+
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".venv-verl"
-VERL_VERSION = "0.9.1"
-_UNREACHABLE = (
-    "Could not find a version that satisfies",
-    "No matching distribution found",
-    "Failed to establish a new connection",
-    "Temporary failure in name resolution",
-    "Network is unreachable",
-)
-
-
-def _python() -> Path:
-    return VENV / "bin" / "python"
-
-
-def _run(cmd: list, timeout: float = 1800, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env
-    )
-
-
-def _pip(*args: str) -> None:
-    result = _run([_python(), "-m", "pip", "install", "-q", *args])
-    if result.returncode != 0:
-        if any(marker in result.stderr for marker in _UNREACHABLE):
-            pytest.skip(
-                f"pip cannot reach a package index to install verl's environment: {result.stderr[-400:]}"
-            )
-        raise RuntimeError(f"pip install {' '.join(args)} failed:\n{result.stderr[-3000:]}")
-
-
-_READY_CHECK = f"""
-import importlib.metadata as m, pathlib, sys
-import verl, tepo
-assert verl.__version__ == {VERL_VERSION!r}, verl.__version__
-assert pathlib.Path(tepo.__file__).resolve().is_relative_to(pathlib.Path({str(ROOT / "src")!r}))
-assert any(ep.name == "tepo" for ep in m.entry_points(group="verl.plugins"))
-import cachetools, transfer_queue  # verl's PPO drivers import them without declaring them
-"""
-
-
-@pytest.fixture(scope="session")
-def verl_python() -> Path:
-    """Python of ``.venv-verl`` with verl 0.9.1 and this checkout of tepo (editable) installed."""
-    if _python().exists() and _run([_python(), "-c", _READY_CHECK], timeout=300).returncode == 0:
-        return _python()
-    if not _python().exists():
-        created = _run([sys.executable, "-m", "venv", VENV])
-        assert created.returncode == 0, created.stderr
-    _pip("torch==2.13.0")
-    _pip(
-        "-c",
-        "constraints.txt",
-        f"verl=={VERL_VERSION}",
-        "uvicorn",
-        "fastapi",
-        "cachetools",
-        "TransferQueue>=0.1.10",
-    )
-    _pip("-e", ".", "--no-deps")  # also refreshes the verl.plugins entry point after pyproject changes
-    ready = _run([_python(), "-c", _READY_CHECK], timeout=300)
-    assert ready.returncode == 0, f"verl environment not usable:\n{ready.stderr[-3000:]}"
-    return _python()
 
 
 CHECK_SCRIPT = textwrap.dedent(
@@ -252,13 +183,8 @@ CHECK_SCRIPT = textwrap.dedent(
 
 
 def _check(verl_python: Path, tmp_path: Path, env_overrides: dict) -> dict:
-    script = tmp_path / "check_verl.py"
-    script.write_text(CHECK_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
-    env.update(env_overrides)
-    result = _run([verl_python, script], timeout=600, env={**env, "PYTHONPATH": ""})
-    assert result.returncode == 0, f"verl check failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    env = verl_env(**env_overrides, PYTHONPATH="")
+    return run_verl_script(verl_python, tmp_path, CHECK_SCRIPT, name="check_verl.py", env=env)
 
 
 def test_verl_registry_resolves_our_losses_via_entry_point(verl_python, tmp_path):
@@ -321,11 +247,9 @@ COMPOSE_SCRIPT = textwrap.dedent(
 def test_verl_example_config_is_the_paper_setting(verl_python, tmp_path):
     """examples/verl's config composes over verl's own ppo_trainer config into TEPO Section 4.1's setting with TEPO
     v2's mask, selecting the tepo_sync trainer (registered by tepo.integrations.verl_workers)."""
-    script = tmp_path / "compose.py"
-    script.write_text(COMPOSE_SCRIPT)
-    result = _run([verl_python, script, ROOT / "examples" / "verl"], timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    got = json.loads(result.stdout.strip().splitlines()[-1])
+    got = run_verl_script(
+        verl_python, tmp_path, COMPOSE_SCRIPT, ROOT / "examples" / "verl", name="compose.py"
+    )
     assert got == {
         "prompts": 64,
         "n": 8,
@@ -356,13 +280,13 @@ def test_verl_example_config_is_the_paper_setting(verl_python, tmp_path):
 
 def test_verl_main_runs_verl_config_and_refuses_before_ray(verl_python, tmp_path):
     """`python -m tepo.integrations.verl_main` composes verl's own config and checks it before Ray starts."""
-    shown = _run(
+    shown = run(
         [verl_python, "-m", "tepo.integrations.verl_main", "--cfg", "job", "trainer.use_v1=false"],
         timeout=600,
     )
     assert shown.returncode == 0, shown.stderr[-3000:]
     assert "use_v1: false" in shown.stdout
-    refused = _run(
+    refused = run(
         [
             verl_python,
             "-m",

@@ -24,12 +24,12 @@ The FSDP engine itself (``FSDPEngine``), Ray, NCCL and vLLM do not run here (see
 
 from __future__ import annotations
 
-import json
 import socket
 import textwrap
 
 import pytest
-from test_integration_verl import _run, verl_python  # noqa: F401  (session fixture: builds .venv-verl once)
+
+from verl_runner import run_verl_script
 
 pytestmark = pytest.mark.slow
 
@@ -244,14 +244,16 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_verl_actor_loss_path_on_a_real_forward(verl_python, embedded_model_dir, tmp_path):  # noqa: F811
-    script = tmp_path / "actor_check.py"
-    script.write_text(ACTOR_SCRIPT)
-    result = _run([verl_python, script, embedded_model_dir, _free_port()], timeout=1200)
-    assert result.returncode == 0, (
-        f"verl actor check failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+def test_verl_actor_loss_path_on_a_real_forward(verl_python, embedded_model_dir, tmp_path):
+    report = run_verl_script(
+        verl_python,
+        tmp_path,
+        ACTOR_SCRIPT,
+        embedded_model_dir,
+        _free_port(),
+        name="actor_check.py",
+        timeout=1200,
     )
-    report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["is_weights"]["micro_batches"] == 2
     assert report["tepo_v2"]["micro_batches"] == 2 and report["tepo_v2"]["v1_layout"]
     assert 0 < report["tepo_v2"]["mask_frac"] < 1 and report["tepo_v2"]["mask_term"] > 0

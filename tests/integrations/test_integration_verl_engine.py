@@ -1,7 +1,7 @@
 """verl 0.9.1's own actor worker and FSDP2 engine run tepo's losses exactly, on CPU, on 1 and 2 gloo ranks.
 
 Opt-in (``-m slow``; about 9 minutes for both world sizes on the shared 2-core development machine, in
-``.venv-verl``, built once by the session fixture of tests/integrations/test_integration_verl.py). verl has no CPU platform;
+``.venv-verl``, built once by the session fixture of tests/integrations/conftest.py). verl has no CPU platform;
 tests/verl_cpu_platform.py is one, loaded the way verl loads a platform plugin (``VERL_USE_EXTERNAL_MODULES``).
 
 tests/verl_engine_check.py runs under ``torchrun --nproc_per_node W`` for W = 1 and W = 2: verl's
@@ -25,27 +25,26 @@ docs/integrations.md).
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
-from test_integration_verl import ROOT, _run, verl_python  # noqa: F401  (session fixture: builds .venv-verl)
+
+from verl_runner import ROOT, run, verl_env
 
 pytestmark = pytest.mark.slow
 
 CASES = ("tepo", "grpo", "dr_grpo", "kl_cov", "tepo_v2", "grpo_is", "tepo_is")
 
 
-def _run_world(verl_python, model_dir, out, world: int) -> dict:  # noqa: F811
+def _run_world(verl_python, model_dir, out, world: int) -> dict:
     out.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
-    env.update(
+    env = verl_env(
         VERL_USE_EXTERNAL_MODULES="verl_cpu_platform",
         PYTHONPATH=str(ROOT / "tests"),
         OMP_NUM_THREADS="1",  # two ranks on a shared 2-core machine
     )
     torchrun = verl_python.parent / "torchrun"
     cmd = [torchrun, "--standalone", f"--nproc_per_node={world}", ROOT / "tests" / "verl_engine_check.py"]
-    result = _run([*cmd, model_dir, out], timeout=1800, env=env)
+    result = run([*cmd, model_dir, out], timeout=1800, env=env)
     assert result.returncode == 0, (
         f"verl engine check ({world} ranks) failed:\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
     )
@@ -63,7 +62,7 @@ def _close(got, want, what: str) -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=3e-4 * scale, msg=what)
 
 
-def test_verl_fsdp2_engine_update_equals_compute_policy_loss(verl_python, embedded_model_dir, tmp_path):  # noqa: F811
+def test_verl_fsdp2_engine_update_equals_compute_policy_loss(verl_python, embedded_model_dir, tmp_path):
     import torch
 
     reports = {w: _run_world(verl_python, embedded_model_dir, tmp_path / f"w{w}", w) for w in (1, 2)}
@@ -90,11 +89,10 @@ def test_verl_fsdp2_engine_update_equals_compute_policy_loss(verl_python, embedd
         assert cases[label]["tokens"] < cases["grpo"]["tokens"], "the rejected row is still in the mask"
 
 
-def test_verl_defaults_that_change_tepos_reading(verl_python):  # noqa: F811
+def test_verl_defaults_that_change_tepos_reading(verl_python):
     # verl's builtins of the same names with verl's defaults are other readings; with the documented settings
     # they equal ours (value and gradient). Synthetic tensors, about 30 s (importing verl).
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VERL_")}
-    result = _run([verl_python, ROOT / "tests" / "verl_defaults_check.py"], timeout=600, env=env)
+    result = run([verl_python, ROOT / "tests" / "verl_defaults_check.py"], timeout=600, env=verl_env())
     assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found.pop("ratios_above_3_with_negative_adv") > 0  # the dual clip is reached

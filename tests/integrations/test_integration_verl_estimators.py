@@ -1,7 +1,7 @@
 """Parity with verl 0.9.1's own code for the KL estimators, ``opo`` and the rollout-correction rejections and
 normalisation (issue #25 item 2), in verl's real package.
 
-`CHECK_SCRIPT` runs in ``.venv-verl`` (built once by the session fixture of tests/integrations/test_integration_verl.py;
+`CHECK_SCRIPT` runs in ``.venv-verl`` (built once by the session fixture of tests/integrations/conftest.py;
 slow-marked like it) and feeds the same float64 tensors to verl's functions and to ours:
 
 - ``core_algos.kl_penalty`` with ``k1``/``k2``/``k3`` (``low_var_kl``) and the straight-through ``k1+``/``k2+``/
@@ -20,34 +20,26 @@ slow-marked like it) and feeds the same float64 tensors to verl's functions and 
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
-from test_integration_verl import _run, verl_python  # noqa: F401  (session fixture: builds .venv-verl once)
+
+from verl_runner import SCRIPT_PRELUDE, run_verl_script
 
 pytestmark = pytest.mark.slow
 
 CHECK_SCRIPT = textwrap.dedent(
     r"""
-    import json, math
-    import numpy as np
-    import torch
+    import functools
     from verl.trainer.ppo import core_algos, rollout_corr_helper as rc
     from tepo.advantages import compute_advantages
     from tepo.losses import kl_estimate, rollout_correction_weights
 
-    F64 = torch.float64
     gen = torch.Generator().manual_seed(0)
     N, T = 6, 5
-    mask = torch.ones(N, T, dtype=torch.bool)
-    for i, length in enumerate([5, 3, 1, 4, 2, 5]):
-        mask[i, length:] = False
+    mask = lengths_mask([5, 3, 1, 4, 2, 5], T)
     report = {}
-
-    def close(a, b, rtol=1e-12, atol=1e-15):
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
-        return float((a - b).detach().abs().max())
+    close = functools.partial(close, atol=1e-15)  # the prelude's comparison, tighter
 
     # ---- KL estimators: verl kl_penalty vs kl_estimate, value and gradient ----
     logp0 = -torch.rand(N, T, generator=gen, dtype=F64) * 2
@@ -117,11 +109,7 @@ CHECK_SCRIPT = textwrap.dedent(
 )
 
 
-def test_verl_estimators_rejections_and_normalisation_equal_ours(verl_python, tmp_path):  # noqa: F811
-    script = tmp_path / "check.py"
-    script.write_text(CHECK_SCRIPT)
-    result = _run([verl_python, script], timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+def test_verl_estimators_rejections_and_normalisation_equal_ours(verl_python, tmp_path):
+    report = run_verl_script(verl_python, tmp_path, SCRIPT_PRELUDE + CHECK_SCRIPT)
     assert report["kl k3 clamp difference"][0] == 10.0
     assert report["opo"] < 1e-12

@@ -1,6 +1,6 @@
 """Parity with verl 0.9.1's own functions for the estimators and losses of issue #39, in verl's real package.
 
-`CHECK_SCRIPT` runs in ``.venv-verl`` (built once by the session fixture of tests/integrations/test_integration_verl.py;
+`CHECK_SCRIPT` runs in ``.venv-verl`` (built once by the session fixture of tests/integrations/conftest.py;
 slow-marked like it) and feeds the same float64 tensors to verl's functions and to ours. Settings that make them
 equal, per name:
 
@@ -19,41 +19,30 @@ equal, per name:
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
-from test_integration_verl import _run, verl_python  # noqa: F401  (session fixture: builds .venv-verl once)
+
+from verl_runner import SCRIPT_PRELUDE, run_verl_script
 
 pytestmark = pytest.mark.slow
 
 CHECK_SCRIPT = textwrap.dedent(
     r"""
-    import json
-    import numpy as np
-    import torch
     from verl.trainer.config import AlgoConfig
     from verl.trainer.ppo import core_algos
     from tepo.advantages import compute_advantages
     from tepo.losses import compute_policy_loss
 
-    F64 = torch.float64
     gen = torch.Generator().manual_seed(0)
     N, T, G = 8, 6, 4
-    lengths = [6, 3, 1, 4, 2, 6, 5, 5]
-    mask = torch.zeros(N, T, dtype=torch.bool)
-    for i, length in enumerate(lengths):
-        mask[i, :length] = True
+    mask = lengths_mask([6, 3, 1, 4, 2, 6, 5, 5], T)
     mf = mask.to(F64)
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.0, 1.0, 1.0, 0.25], dtype=F64)
     index = np.array([0] * G + [1] * G)
     token_rewards = torch.zeros(N, T, dtype=F64)
     token_rewards[torch.arange(N), mask.sum(-1) - 1] = rewards
     report = {}
-
-    def close(a, b, rtol=1e-12, atol=1e-13):
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
-        return float((a - b).detach().abs().max())
 
     for gamma in (1.0, 0.9):
         verl_adv, _ = core_algos.compute_reinforce_plus_plus_outcome_advantage(
@@ -130,11 +119,7 @@ CHECK_SCRIPT = textwrap.dedent(
 )
 
 
-def test_verl_estimators_and_losses_of_issue_39_equal_ours(verl_python, tmp_path):  # noqa: F811
-    script = tmp_path / "check.py"
-    script.write_text(CHECK_SCRIPT)
-    result = _run([verl_python, script], timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+def test_verl_estimators_and_losses_of_issue_39_equal_ours(verl_python, tmp_path):
+    report = run_verl_script(verl_python, tmp_path, SCRIPT_PRELUDE + CHECK_SCRIPT)
     assert len(report) == 14, sorted(report)
     assert report["grpo_passk norm=True"] < 1e-12 and report["loss dro"][1] < 1e-12

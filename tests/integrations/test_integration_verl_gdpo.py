@@ -1,6 +1,6 @@
 """Parity of tepo's ``gdpo`` with verl 0.9.1's own ``compute_gdpo_outcome_advantage``, in verl's real package.
 
-`CHECK_SCRIPT` runs in ``.venv-verl`` (built once by the session fixture of tests/integrations/test_integration_verl.py; slow,
+`CHECK_SCRIPT` runs in ``.venv-verl`` (built once by the session fixture of tests/integrations/conftest.py; slow,
 like it). Settings that make them equal:
 
 - one reward (verl's fallback when no ``config``/``non_tensor_batch`` is given: ``token_level_rewards`` is the
@@ -23,28 +23,21 @@ TRL 1.16's ``multi_objective_aggregation="normalize_then_sum"`` is written inlin
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
-from test_integration_verl import _run, verl_python  # noqa: F401  (session fixture: builds .venv-verl once)
+
+from verl_runner import SCRIPT_PRELUDE, run_verl_script
 
 pytestmark = pytest.mark.slow
 
 CHECK_SCRIPT = textwrap.dedent(
     r"""
-    import json
-    import numpy as np
-    import torch
     from verl.trainer.ppo import core_algos
     from tepo.advantages import compute_advantages
 
-    F64 = torch.float64
     N, T, G, P = 8, 6, 4, 3
-    lengths = [6, 3, 1, 4, 2, 6, 5, 5]
-    mask = torch.zeros(N, T, dtype=torch.bool)
-    for i, length in enumerate(lengths):
-        mask[i, :length] = True
+    mask = lengths_mask([6, 3, 1, 4, 2, 6, 5, 5], T)
     mf = mask.to(F64)
     index = np.array([0] * G + [1] * G)
     report = {}
@@ -53,10 +46,6 @@ CHECK_SCRIPT = textwrap.dedent(
         out = torch.zeros(N, T, dtype=dtype)
         out[torch.arange(N), mask.sum(-1) - 1] = values.to(dtype)
         return out
-
-    def close(a, b, rtol=1e-12, atol=1e-13):
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
-        return float((a - b).abs().max())
 
     # ---- one reward: verl's fallback path, float64 end to end ----
     r1 = torch.tensor([1.0, 0.0, 0.5, 0.0, 0.3, 0.7, 0.1, 0.25], dtype=F64)
@@ -99,12 +88,8 @@ CHECK_SCRIPT = textwrap.dedent(
 )
 
 
-def test_verl_gdpo_equals_ours(verl_python, tmp_path):  # noqa: F811
-    script = tmp_path / "check.py"
-    script.write_text(CHECK_SCRIPT)
-    result = _run([verl_python, script], timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+def test_verl_gdpo_equals_ours(verl_python, tmp_path):
+    report = run_verl_script(verl_python, tmp_path, SCRIPT_PRELUDE + CHECK_SCRIPT)
     assert len(report) == 7, sorted(report)
     for norm in (True, False):
         assert report[f"one reward norm={norm}"] < 1e-12

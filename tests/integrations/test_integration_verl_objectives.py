@@ -1,7 +1,7 @@
 """Parity of the 2026 losses and options with verl 0.9.1's own registered losses (issue #25 item 2), in verl's
 real package.
 
-`CHECK_SCRIPT` runs in ``.venv-verl`` (built once by the session fixture of tests/integrations/test_integration_verl.py;
+The script runs in ``.venv-verl`` (built once by the session fixture of tests/integrations/conftest.py;
 slow-marked like it) and feeds the same float64 tensors to verl's builtin (``get_policy_loss_fn(<verl name>)``
 with an ``ActorConfig`` and verl's global batch info) and to ``compute_policy_loss``:
 
@@ -27,28 +27,22 @@ with an ``ActorConfig`` and verl's global batch info) and to ``compute_policy_lo
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
-from test_integration_verl import _run, verl_python  # noqa: F401  (session fixture: builds .venv-verl once)
+
+from verl_runner import LOSS_PAIR, SCRIPT_PRELUDE, run_verl_script
 
 pytestmark = pytest.mark.slow
 
-CHECK_SCRIPT = textwrap.dedent(
+DATA = textwrap.dedent(
     r"""
-    import json
-    import torch
-    from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.workers.config import ActorConfig
-    from tepo.losses import POLICY_LOSSES, compute_policy_loss
+    from tepo.losses import POLICY_LOSSES
 
-    F64 = torch.float64
     gen = torch.Generator().manual_seed(0)
     N, T = 8, 6
-    mask = torch.ones(N, T, dtype=torch.bool)
-    for i, length in enumerate([6, 4, 2, 5, 3, 6, 1, 4]):
-        mask[i, length:] = False
+    mask = lengths_mask([6, 4, 2, 5, 3, 6, 1, 4], T)
     base = -torch.rand(N, T, generator=gen, dtype=F64) * 1.5
     # log-ratios up to ~1.8 so some r > 3 (dual clip, DPPO's truncation), some < 0.8 (lower clips)
     old = base - 0.7 * torch.randn(N, T, generator=gen, dtype=F64)
@@ -59,34 +53,13 @@ CHECK_SCRIPT = textwrap.dedent(
     # sequence log-ratios of 1e-4 .. 3e-3: some rows inside GSPO's clip range (3e-4 / 4e-4), some outside
     scale = torch.tensor([1e-4, 3e-3, 2e-4, 1e-3, 5e-5, 2e-3, 1e-4, 3e-3], dtype=F64).unsqueeze(-1)
     old_near = base + scale * torch.randn(N, T, generator=gen, dtype=F64)
-    n_tok = int(mask.sum())
     report = {}
+    """
+)
 
-    def cfg(agg="token-mean", **kw):
-        c = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=agg, **kw)
-        c.global_batch_info.update({"dp_size": 1, "batch_num_tokens": n_tok, "global_batch_size": N})
-        return c
-
-    def verl(mode, config, old_logp=old, adv=adv_seq):
-        logp = base.clone().requires_grad_(True)
-        loss, _ = get_policy_loss_fn(mode)(old_log_prob=old_logp, log_prob=logp, advantages=adv,
-                                           response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=config,
-                                           rollout_is_weights=None)
-        loss.backward()
-        return loss.detach(), logp.grad
-
-    def ours(name, old_logp=old, adv=adv_seq, **options):
-        logp = base.clone().requires_grad_(True)
-        loss, _ = compute_policy_loss(name, logp=logp, old_logp=old_logp, advantages=adv, mask=mask, **options)
-        loss.backward()
-        return loss.detach(), logp.grad
-
-    def equal(a, b, rtol=1e-12):
-        torch.testing.assert_close(a[0], b[0], rtol=rtol, atol=1e-14)
-        torch.testing.assert_close(a[1], b[1], rtol=rtol, atol=1e-14)
-        assert float(a[0]) != 0.0 and bool(a[1].abs().sum() > 0)
-        return float(a[0])
-
+# the losses of verl's registry against ours (cfg, verl, ours, equal: LOSS_PAIR)
+CHECKS = textwrap.dedent(
+    r"""
     ratio = torch.exp(base - old)
     assert bool(((ratio > 3) & mask & (adv_seq < 0)).any()) and bool(((ratio < 0.8) & mask).any())
 
@@ -171,12 +144,9 @@ CHECK_SCRIPT = textwrap.dedent(
 )
 
 
-def test_verl_2026_losses_equal_ours_or_differ_as_documented(verl_python, tmp_path):  # noqa: F811
-    script = tmp_path / "check_verl_2026.py"
-    script.write_text(CHECK_SCRIPT)
-    result = _run([verl_python, script], timeout=600)
-    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+def test_verl_2026_losses_equal_ours_or_differ_as_documented(verl_python, tmp_path):
+    script = SCRIPT_PRELUDE + DATA + LOSS_PAIR + CHECKS
+    report = run_verl_script(verl_python, tmp_path, script, name="check_verl_2026.py")
     assert {
         "sapo",
         "sapo_tau",

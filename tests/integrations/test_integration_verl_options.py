@@ -1,7 +1,7 @@
 """The verl plugin with the 2026 losses and options, and verl's ``rollout_log_probs`` as our ``rollout_logp``
 (issue #25 item 1), in verl 0.9.1's real package.
 
-`CHECK_SCRIPT` runs in ``.venv-verl`` (built once by the session fixture of tests/integrations/test_integration_verl.py;
+`CHECK_SCRIPT` runs in ``.venv-verl`` (built once by the session fixture of tests/integrations/conftest.py;
 slow-marked like it), at float64:
 
 1. Options: each new option set in verl's policy-loss config (through verl's own Hydra conversion to
@@ -21,19 +21,17 @@ slow-marked like it), at float64:
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
-from test_integration_verl import _run, verl_python  # noqa: F401  (session fixture: builds .venv-verl once)
+
+from verl_runner import SCRIPT_PRELUDE, run_verl_script
 
 pytestmark = pytest.mark.slow
 
 CHECK_SCRIPT = textwrap.dedent(
     r"""
-    import json
     import verl  # noqa: F401  (loads tepo's plugin)
-    import torch
     from omegaconf import OmegaConf
     from tensordict import TensorDict
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
@@ -44,7 +42,6 @@ CHECK_SCRIPT = textwrap.dedent(
     from tepo.integrations.verl import tepo_ppo_loss
     from tepo.losses import compute_policy_loss
 
-    F64 = torch.float64
     gen = torch.Generator().manual_seed(0)
     B, P, R = 5, 3, 6
     prompt_lens, resp_lens = [3, 2, 1, 3, 2], [6, 4, 2, 5, 3]
@@ -83,7 +80,7 @@ CHECK_SCRIPT = textwrap.dedent(
         loss.backward()
         return loss.detach(), logp.grad
 
-    def close(a, b):
+    def close(a, b):  # value and gradient
         torch.testing.assert_close(a[0], b[0], rtol=1e-12, atol=1e-14)
         torch.testing.assert_close(a[1], b[1], rtol=1e-12, atol=1e-14)
 
@@ -176,12 +173,9 @@ CHECK_SCRIPT = textwrap.dedent(
 )
 
 
-def test_verl_plugin_new_options_and_rollout_log_probs(verl_python, tmp_path):  # noqa: F811
-    script = tmp_path / "check_verl_options.py"
-    script.write_text(CHECK_SCRIPT)
-    result = _run([verl_python, script], timeout=600)
-    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+def test_verl_plugin_new_options_and_rollout_log_probs(verl_python, tmp_path):
+    script = SCRIPT_PRELUDE + CHECK_SCRIPT
+    report = run_verl_script(verl_python, tmp_path, script, name="check_verl_options.py")
     assert len(report["options"]) == 12
     assert set(report["rollout_logp"]) == {"dppo_tv", "dppo_kl", "tepo", "dapo"}
     assert "tepo_ppo_loss" in report["errors"]["top_entropy_quantile"]

@@ -1,7 +1,7 @@
 """More parity with verl 0.9.1's own functions (issue #25 item 2), in verl's real package: the PPO-clip losses
 against ``vanilla``, the covariance losses, GMPO, the group advantage estimators and the rollout IS weights.
 
-Each test runs a script in ``.venv-verl`` (built once by the session fixture of tests/integrations/test_integration_verl.py;
+Each test runs a script in ``.venv-verl`` (built once by the session fixture of tests/integrations/conftest.py;
 slow-marked like it) that feeds the same float64 tensors to verl's function and to ours and asserts equality
 (value and gradient) under the verl settings written in the script, or the documented difference:
 
@@ -41,66 +41,30 @@ slow-marked like it) that feeds the same float64 tensors to verl's function and 
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
-from test_integration_verl import _run, verl_python  # noqa: F401  (session fixture: builds .venv-verl once)
+
+from verl_runner import LOSS_PAIR, SCRIPT_PRELUDE, run_verl_script
 
 pytestmark = pytest.mark.slow
 
-PRELUDE = textwrap.dedent(
+DATA = textwrap.dedent(
     r"""
-    import json, math
-    import numpy as np
-    import torch
     from verl.trainer.ppo import core_algos, rollout_corr_helper as rc
-    from verl.trainer.ppo.core_algos import get_policy_loss_fn
-    from verl.workers.config import ActorConfig
     from verl.workers.config.actor import PolicyLossConfig
     from tepo.advantages import compute_advantages
-    from tepo.losses import compute_policy_loss, rollout_correction_weights
+    from tepo.losses import rollout_correction_weights
 
-    F64 = torch.float64
     gen = torch.Generator().manual_seed(0)
     N, T = 8, 6
     LENGTHS = [6, 4, 2, 5, 3, 6, 1, 4]
-    mask = torch.ones(N, T, dtype=torch.bool)
-    for i, length in enumerate(LENGTHS):
-        mask[i, length:] = False
+    mask = lengths_mask(LENGTHS, T)
     base = -torch.rand(N, T, generator=gen, dtype=F64) * 1.5
     old = (base - 0.5 * torch.randn(N, T, generator=gen, dtype=F64)).clamp(max=-1e-3)
     adv_seq = torch.tensor([1.0, -0.8, 0.6, -1.2, 0.4, -0.5, 0.9, -1.0], dtype=F64).unsqueeze(-1).expand(N, T)
     ratio = torch.exp(base - old)
     report = {}
-
-    def cfg(agg="token-mean", m=mask, info=None, **kw):
-        c = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, loss_agg_mode=agg, **kw)
-        if info is None:
-            info = {"dp_size": 1, "batch_num_tokens": int(m.sum()), "global_batch_size": m.shape[0],
-                    "loss_scale_factor": c.loss_scale_factor}  # as verl.workers.utils.losses sets it
-        c.global_batch_info.update(info)
-        return c
-
-    def verl(mode, config, old_logp=old, adv=adv_seq, m=mask, lp=base):
-        logp = lp.clone().requires_grad_(True)
-        loss, _ = get_policy_loss_fn(mode)(old_log_prob=old_logp, log_prob=logp, advantages=adv,
-                                           response_mask=m, loss_agg_mode=config.loss_agg_mode, config=config,
-                                           rollout_is_weights=None)
-        loss.backward()
-        return loss.detach(), logp.grad
-
-    def ours(name, old_logp=old, adv=adv_seq, m=mask, lp=base, **options):
-        logp = lp.clone().requires_grad_(True)
-        loss, _ = compute_policy_loss(name, logp=logp, old_logp=old_logp, advantages=adv, mask=m, **options)
-        loss.backward()
-        return loss.detach(), logp.grad
-
-    def equal(a, b, rtol=1e-12):
-        torch.testing.assert_close(a[0], b[0], rtol=rtol, atol=1e-14)
-        torch.testing.assert_close(a[1], b[1], rtol=rtol, atol=1e-14)
-        assert float(a[0]) != 0.0 and bool(a[1].abs().sum() > 0)
-        return float(a[0])
     """
 )
 
@@ -307,36 +271,33 @@ ROLLOUT_IS = textwrap.dedent(
 )
 
 
-def _check(verl_python, tmp_path, body: str) -> dict:  # noqa: F811
-    script = tmp_path / "check.py"
-    script.write_text(PRELUDE + body)
-    result = _run([verl_python, script], timeout=600)
-    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-    return json.loads(result.stdout.strip().splitlines()[-1])
+def _check(verl_python, tmp_path, body: str) -> dict:
+    # the shared data and the loss pair (cfg, verl, ours, equal) first, then the body
+    return run_verl_script(verl_python, tmp_path, SCRIPT_PRELUDE + DATA + LOSS_PAIR + body)
 
 
-def test_grpo_dapo_dr_grpo_equal_verl_vanilla_without_dual_clip(verl_python, tmp_path):  # noqa: F811
+def test_grpo_dapo_dr_grpo_equal_verl_vanilla_without_dual_clip(verl_python, tmp_path):
     report = _check(verl_python, tmp_path, LOSSES_VS_VANILLA)
     assert {"grpo", "dapo", "dr_grpo", "dr_grpo_max_len", "grpo empty row", "dr_grpo empty row"} <= set(
         report
     )
 
 
-def test_clip_cov_and_kl_cov_equal_verls(verl_python, tmp_path):  # noqa: F811
+def test_clip_cov_and_kl_cov_equal_verls(verl_python, tmp_path):
     report = _check(verl_python, tmp_path, COVARIANCE)
     assert report["clip_cov all candidates"] > 3 and "kl_cov verl default" in report
 
 
-def test_gmpo_equals_verl_geo_mean(verl_python, tmp_path):  # noqa: F811
+def test_gmpo_equals_verl_geo_mean(verl_python, tmp_path):
     report = _check(verl_python, tmp_path, GMPO)
     assert {"gmpo", "gmpo eps 0.2", "gmpo token adv, one sign"} <= set(report)
 
 
-def test_advantage_estimators_equal_verls(verl_python, tmp_path):  # noqa: F811
+def test_advantage_estimators_equal_verls(verl_python, tmp_path):
     report = _check(verl_python, tmp_path, ESTIMATORS)
     assert report["grpo"] < 1e-12 and report["dr_grpo"] < 1e-12 and report["rloo"] < 1e-12
 
 
-def test_tis_seq_tis_mis_equal_verls_rollout_is_weights(verl_python, tmp_path):  # noqa: F811
+def test_tis_seq_tis_mis_equal_verls_rollout_is_weights(verl_python, tmp_path):
     report = _check(verl_python, tmp_path, ROLLOUT_IS)
     assert report["token_k1 0.8_1.5 vs mis differ on"] > 0

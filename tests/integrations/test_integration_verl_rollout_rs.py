@@ -1,5 +1,5 @@
 """``seq_mask`` and ``mis``' kept tokens against verl 0.9.1's real ``rollout_corr_helper.compute_rollout_rejection_mask``
-(issue #36 item 1), in ``.venv-verl`` (built once by the session fixture of tests/integrations/test_integration_verl.py; slow).
+(issue #36 item 1), in ``.venv-verl`` (built once by the session fixture of tests/integrations/conftest.py; slow).
 
 The threshold mapping, written here once: verl's k1 statistic is ``-log rho`` (``rho = pi_old / pi_sampler``,
 log-ratio clamped to [-20, 20]), kept when it lies in ``[log lower, log upper]``; tepo's ``seq_mask`` keeps a row
@@ -18,24 +18,21 @@ clamped mean is inside and unclamped mean is outside is kept by both); tepo's de
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
-from test_integration_verl import _run, verl_python  # noqa: F401  (session fixture: builds .venv-verl once)
+
+from verl_runner import SCRIPT_PRELUDE, run_verl_script
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = textwrap.dedent(
     r"""
-    import json, math
-    import torch
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
     from verl.trainer.ppo import rollout_corr_helper as rc
     from tepo.losses import rollout_correction_weights
     from tepo.losses.rollout_correction import MODE_OPTIONS
 
-    F64 = torch.float64
     gen = torch.Generator().manual_seed(0)
     report = {}
 
@@ -106,12 +103,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_seq_mask_and_mis_keep_what_verls_k1_rejection_keeps(verl_python, tmp_path):  # noqa: F811
-    script = tmp_path / "check.py"
-    script.write_text(SCRIPT)
-    result = _run([verl_python, script], timeout=600)
-    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+def test_seq_mask_and_mis_keep_what_verls_k1_rejection_keeps(verl_python, tmp_path):
+    report = run_verl_script(verl_python, tmp_path, SCRIPT_PRELUDE + SCRIPT)
     assert report["issue rows"] == {
         "verl": [False, False, True, True],
         "tepo same numbers": [True, True, False, False],
