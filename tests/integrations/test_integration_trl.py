@@ -13,61 +13,12 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from datasets import Dataset
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
-from tepo.integrations.trl import TepoGRPOTrainer
 from tepo.losses import compute_policy_loss
-from tepo.models import load_model_and_tokenizer
+from trl_runner import embedded_model_trainer, loss_and_grad
 
 pytestmark = pytest.mark.model
-
-
-def length_reward(completions, **kwargs):
-    """Deterministic stand-in reward: completion length in characters / 32 (not a correctness check)."""
-    return [len(c) / 32.0 for c in completions]
-
-
-def _dataset(n: int = 2) -> Dataset:
-    prompts = ["What is 2 + 3? Answer with a number.", "Name a prime number bigger than 10."]
-    return Dataset.from_list([{"prompt": prompts[i % len(prompts)]} for i in range(n)])
-
-
-def _config(tmp_path, **overrides) -> GRPOConfig:
-    base = dict(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        per_device_train_batch_size=2,
-        num_generations=2,
-        steps_per_generation=2,
-        gradient_accumulation_steps=1,
-        max_completion_length=8,
-        max_steps=2,
-        learning_rate=1e-5,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        temperature=1.0,
-        bf16=False,
-        use_bias_correction_kl=False,
-    )
-    base.update(overrides)
-    return GRPOConfig(**base)
-
-
-def _trainer(tmp_path, model=None, tokenizer=None, **kwargs):
-    config_overrides = kwargs.pop("config", {})
-    if model is None:
-        model, tokenizer = load_model_and_tokenizer(None)
-    return TepoGRPOTrainer(
-        model=model,
-        reward_funcs=length_reward,
-        args=_config(tmp_path, **config_overrides),
-        train_dataset=_dataset(),
-        processing_class=tokenizer,
-        **kwargs,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +29,7 @@ def fixed_trainer(tmp_path_factory):
     Only the last transformer block and the final norm take gradients: the loss reaches every parameter through
     the same per-token log-probs, and a 135M-float gradient per comparison would dominate the test's time.
     """
-    trainer = _trainer(
+    trainer = embedded_model_trainer(
         tmp_path_factory.mktemp("fixed"),
         loss_name="tepo",
         config=dict(importance_sampling_level="sequence", loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
@@ -123,15 +74,6 @@ def _fixed_batch(trainer, seed: int = 0, rows: int = 4, prompt_len: int = 5, com
     return batch
 
 
-def _loss_and_grad(trainer, fn):
-    trainer.model.zero_grad(set_to_none=True)
-    loss = fn()
-    loss.backward()
-    grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
-    trainer.model.zero_grad(set_to_none=True)
-    return loss.detach(), grads
-
-
 def _reference(trainer, batch, name, num_tokens, **options):
     """compute_policy_loss on the tensors TRL's own log-prob pass returns."""
     logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
@@ -167,10 +109,10 @@ def test_adapter_loss_and_grad_equal_compute_policy_loss(fixed_trainer, name, op
     saved = (trainer.loss_name, trainer.loss_options)
     trainer.loss_name, trainer.loss_options = name, {**options, "max_len": 8}
     try:
-        got, got_grad = _loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, batch))
+        got, got_grad = loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, batch))
     finally:
         trainer.loss_name, trainer.loss_options = saved
-    want, want_grad = _loss_and_grad(
+    want, want_grad = loss_and_grad(
         trainer, lambda: _reference(trainer, batch, name, 37.0, num_seqs=10.0, max_len=8, **options)
     )
     assert got.item() != 0.0
@@ -199,10 +141,10 @@ def test_sampler_logps_reach_the_loss_as_rollout_logp(fixed_trainer):
     saved = (trainer.loss_name, trainer.loss_options)
     trainer.loss_name, trainer.loss_options = "dppo_tv", options
     try:
-        got, got_grad = _loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, batch))
+        got, got_grad = loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, batch))
     finally:
         trainer.loss_name, trainer.loss_options = saved
-    want, want_grad = _loss_and_grad(
+    want, want_grad = loss_and_grad(
         trainer,
         lambda: _reference(trainer, batch, "dppo_tv", 20.0, num_seqs=4.0, rollout_logp=rollout, **options),
     )
@@ -221,10 +163,10 @@ def test_trl_sequence_dapo_equals_tepo(fixed_trainer):
     batch = _fixed_batch(trainer, seed=1)
     assert trainer.importance_sampling_level == "sequence" and trainer.loss_type == "dapo"
     assert trainer.epsilon_low == trainer.epsilon_high == 0.2 and trainer.beta == 0.0
-    trl_loss, trl_grad = _loss_and_grad(
+    trl_loss, trl_grad = loss_and_grad(
         trainer, lambda: GRPOTrainer._compute_loss(trainer, trainer.model, batch)
     )
-    ours, our_grad = _loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, batch))
+    ours, our_grad = loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, batch))
     assert trl_loss.item() != 0.0
     torch.testing.assert_close(ours, trl_loss, rtol=1e-6, atol=1e-8)
     assert_grads_close(our_grad, trl_grad)
@@ -258,30 +200,30 @@ def test_window_counts_make_micro_batches_sum_to_the_whole_batch(fixed_trainer):
             )
         finally:
             trainer.loss_name = "tepo"
-        _, whole_grad = _loss_and_grad(trainer, lambda n=name: _reference(trainer, whole, n, None))
+        _, whole_grad = loss_and_grad(trainer, lambda n=name: _reference(trainer, whole, n, None))
         assert_grads_close(split_grad, whole_grad)
 
 
 def test_refuses_what_it_cannot_honour(tmp_path, embedded_model):
     model, tokenizer = embedded_model
     with pytest.raises(ValueError, match="unknown policy loss 'nope'"):
-        _trainer(tmp_path, model, tokenizer, loss_name="nope")
+        embedded_model_trainer(tmp_path, model, tokenizer, loss_name="nope")
     with pytest.raises(ValueError, match="unknown loss_options bogus"):
-        _trainer(tmp_path, model, tokenizer, loss_options={"bogus": 1})
+        embedded_model_trainer(tmp_path, model, tokenizer, loss_options={"bogus": 1})
     with pytest.raises(ValueError, match=r"kl_coef in loss_options: set GRPOConfig\(beta"):
-        _trainer(tmp_path, model, tokenizer, loss_options={"kl_coef": 0.1})
+        embedded_model_trainer(tmp_path, model, tokenizer, loss_options={"kl_coef": 0.1})
     # TRL options with no equal are refused before TRL loads anything (the mapped ones:
     # tests/integrations/test_integration_trl_config.py).
     with pytest.raises(ValueError, match=r"delta=2\.0 .* which loss 'tepo' does not take"):
-        _trainer(tmp_path, model, tokenizer, config={"delta": 2.0})
+        embedded_model_trainer(tmp_path, model, tokenizer, config={"delta": 2.0})
     with pytest.raises(ValueError, match="GRPOConfig sets loss_type='sapo'"):
-        _trainer(tmp_path, model, tokenizer, config={"loss_type": "sapo"})
+        embedded_model_trainer(tmp_path, model, tokenizer, config={"loss_type": "sapo"})
     with pytest.raises(ValueError, match="needs entropy at advantage time, which TRL does not compute"):
-        _trainer(tmp_path, model, tokenizer, advantage_estimator="entropy_adv")
+        embedded_model_trainer(tmp_path, model, tokenizer, advantage_estimator="entropy_adv")
     with pytest.raises(ValueError, match=r"needs reward_components, reward_weights .*normalize_then_sum"):
-        _trainer(tmp_path, model, tokenizer, advantage_estimator="gdpo")
+        embedded_model_trainer(tmp_path, model, tokenizer, advantage_estimator="gdpo")
     with pytest.raises(ValueError, match="unknown advantage_estimator"):
-        _trainer(tmp_path, model, tokenizer, advantage_estimator="nope")
+        embedded_model_trainer(tmp_path, model, tokenizer, advantage_estimator="nope")
 
 
 slow = pytest.mark.slow
@@ -309,7 +251,7 @@ RUNS = [
 def test_two_step_training_run(tmp_path, name, options, extra):
     """Two optimizer steps on 2 prompts x 2 samples, 8 new tokens: the second update is off-policy (pi_old != pi),
     the parameters move, and the loss's metrics reach TRL's log history."""
-    trainer = _trainer(tmp_path, loss_name=name, loss_options=options, **extra)
+    trainer = embedded_model_trainer(tmp_path, loss_name=name, loss_options=options, **extra)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()
     moved = sum(float((p.detach() - b).abs().sum()) for p, b in zip(trainer.model.parameters(), before))

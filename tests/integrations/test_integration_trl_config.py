@@ -18,97 +18,22 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from datasets import Dataset
-from transformers import AutoTokenizer, LlamaForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from helpers import one_window_grpo_config
 from tepo.advantages import compute_advantages
 from tepo.integrations.trl import TepoGRPOTrainer
 from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, check_advantage_settings, plan_loss
-
-F64 = torch.float64
-N, T = 4, 5
-
-
-def _reward(completions, **kwargs):
-    """Never called (no generation here); GRPOTrainer requires a reward function."""
-    return [0.0 for _ in completions]
+from trl_runner import N, T, float64_batch, run_loss, tiny_trainer
 
 
 def _config(tmp_path, **overrides) -> GRPOConfig:
     return one_window_grpo_config(tmp_path, T, **overrides)
 
 
-@pytest.fixture(scope="module")
-def build(tiny_model_dir, tmp_path_factory, one_torch_thread):
-    model = LlamaForCausalLM.from_pretrained(tiny_model_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-
-    def _build(loss_name=None, loss_options=None, **config):
-        trainer = TepoGRPOTrainer(
-            model=model,
-            reward_funcs=_reward,
-            args=_config(tmp_path_factory.mktemp("out"), **config),
-            train_dataset=Dataset.from_list([{"prompt": "2 + 3 ="}] * 4),
-            processing_class=tokenizer,
-            loss_name=loss_name,
-            loss_options=loss_options,
-        )
-        trainer.model.train()
-        trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which these tests do not run
-        return trainer
-
-    return _build
-
-
-def _batch(seed=0, lengths=(T, T - 2, 2, T - 1)):
-    gen = torch.Generator().manual_seed(seed)
-    mask = torch.ones(N, T, dtype=torch.long)
-    for i, length in enumerate(lengths):
-        mask[i, length:] = 0
-    old = -torch.rand(N, T, generator=gen, dtype=F64) * 2 - 0.1
-    return {
-        "logp": old + 0.3 * torch.randn(N, T, generator=gen, dtype=F64),
-        "old": old,
-        "ref": old + 0.3 * torch.randn(N, T, generator=gen, dtype=F64),
-        "sampling": old + 0.2 * torch.randn(N, T, generator=gen, dtype=F64),
-        "entropy": torch.rand(N, T, generator=gen, dtype=F64) * 2,
-        "adv": torch.tensor([1.0, -0.5, 0.8, -1.2], dtype=F64),
-        "mask": mask,
-    }
-
-
-def _run(trainer, loss_fn, b, sampling=False):
-    """``loss_fn(trainer, model, inputs)`` on batch ``b``: value, gradients w.r.t. logp and entropy, and the
-    metrics it logged."""
-    logp = b["logp"].clone().requires_grad_(True)
-    entropy = b["entropy"].clone().requires_grad_(True)
-    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logp, entropy, None)
-    inputs = {
-        "prompt_ids": torch.zeros(N, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(N, 1, dtype=torch.long),
-        "completion_ids": torch.zeros(N, T, dtype=torch.long),
-        "completion_mask": b["mask"],
-        "advantages": b["adv"],
-        "old_per_token_logps": b["old"],
-        "ref_per_token_logps": b["ref"],
-        "num_items_in_batch": b["mask"].sum().to(F64),
-    }
-    if sampling:
-        inputs["sampling_per_token_logps"] = b["sampling"]
-    trainer._metrics["train"].clear()
-    loss = loss_fn(trainer, trainer.model, inputs)
-    loss.backward()
-    zeros = torch.zeros_like(entropy)
-    grad_h = entropy.grad if entropy.grad is not None else zeros
-    logged = {key: values[-1] for key, values in trainer._metrics["train"].items()}
-    return loss.detach(), logp.grad, grad_h, logged
-
-
 def _assert_equal_to_trl(trainer, b, sampling=False):
-    trl_loss, trl_grad, trl_grad_h, trl_logged = _run(trainer, GRPOTrainer._compute_loss, b, sampling)
-    ours, grad, grad_h, logged = _run(trainer, TepoGRPOTrainer._compute_loss, b, sampling)
+    trl_loss, trl_grad, trl_grad_h, trl_logged = run_loss(trainer, GRPOTrainer._compute_loss, b, sampling)
+    ours, grad, grad_h, logged = run_loss(trainer, TepoGRPOTrainer._compute_loss, b, sampling)
     assert trl_loss.item() != 0.0
     torch.testing.assert_close(ours, trl_loss, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(grad, trl_grad, rtol=1e-12, atol=1e-15)
@@ -160,29 +85,29 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_trl_config_maps_to_a_registry_loss_equal_to_trls(build, case):
+def test_trl_config_maps_to_a_registry_loss_equal_to_trls(build_trl_trainer, case):
     config, name = CASES[case]
-    trainer = build(**config)
+    trainer = build_trl_trainer(**config)
     assert trainer.loss_name == name
-    _assert_equal_to_trl(trainer, _batch())
+    _assert_equal_to_trl(trainer, float64_batch())
 
 
-def test_trl_defaults_with_beta_are_dapo_with_the_unbiased_kl(build):
-    trainer = build(beta=0.04)
+def test_trl_defaults_with_beta_are_dapo_with_the_unbiased_kl(build_trl_trainer):
+    trainer = build_trl_trainer(beta=0.04)
     options = trainer.loss_options
     assert (options["eps_low"], options["eps_high"], options["kl_estimator"]) == (0.2, 0.2, "k3_unbiased")
     assert options["kl_coef"] == 0.04
     # loss_name keeps its meaning with TRL's default config: tepo, with TRL's default KL estimator.
-    assert build(loss_name="tepo", beta=0.04).loss_options["kl_estimator"] == "k3_unbiased"
+    assert build_trl_trainer(loss_name="tepo", beta=0.04).loss_options["kl_estimator"] == "k3_unbiased"
 
 
-def test_each_trl_option_changes_the_loss(build):
+def test_each_trl_option_changes_the_loss(build_trl_trainer):
     """The equality cases above are not vacuous: on that batch delta, the off-policy mask, the entropy
     selection and the sampler's log-probs each change TRL's loss (so the adapter had to reproduce them)."""
-    b = _batch()
+    b = float64_batch()
 
     def trl_value(sampling=False, **config):
-        return _run(build(**config), GRPOTrainer._compute_loss, b, sampling)[0].item()
+        return run_loss(build_trl_trainer(**config), GRPOTrainer._compute_loss, b, sampling)[0].item()
 
     plain = trl_value(loss_type="grpo", epsilon_high=0.28)
     assert trl_value(loss_type="grpo", epsilon_high=0.28, delta=1.35) != pytest.approx(plain, rel=1e-6)
@@ -195,51 +120,53 @@ def test_each_trl_option_changes_the_loss(build):
     assert trl_value(sampling=True, off_policy_mask_threshold=0.02) != pytest.approx(trl_value(), rel=1e-6)
 
 
-def test_off_policy_mask_reads_trls_sampling_logps(build):
+def test_off_policy_mask_reads_trls_sampling_logps(build_trl_trainer):
     # With use_vllm TRL keeps vLLM's log-probs; OPSM reads them, and so does the adapter (as rollout_logp).
-    trainer = build(off_policy_mask_threshold=0.02)
-    _assert_equal_to_trl(trainer, _batch(), sampling=True)
+    trainer = build_trl_trainer(off_policy_mask_threshold=0.02)
+    _assert_equal_to_trl(trainer, float64_batch(), sampling=True)
     # A token vLLM could not score (NaN): TRL counts zero drift for it, the adapter pi_old's drift (its
     # rollout_logp falls back to pi_old, as for dppo/m2po): equal to TRL given pi_old at that token.
-    b = _batch()
+    b = float64_batch()
     unscored = b["sampling"].clone()
     unscored[1, 0] = float("nan")
-    ours, grad, _, _ = _run(
+    ours, grad, _, _ = run_loss(
         trainer, TepoGRPOTrainer._compute_loss, {**b, "sampling": unscored}, sampling=True
     )
     filled = torch.where(torch.isnan(unscored), b["old"], unscored)
-    want, want_grad, _, _ = _run(trainer, GRPOTrainer._compute_loss, {**b, "sampling": filled}, sampling=True)
+    want, want_grad, _, _ = run_loss(
+        trainer, GRPOTrainer._compute_loss, {**b, "sampling": filled}, sampling=True
+    )
     torch.testing.assert_close(ours, want, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-15)
 
 
-def test_sapo_default_differs_only_by_trls_float32_temperature(build):
+def test_sapo_default_differs_only_by_trls_float32_temperature(build_trl_trainer):
     """TRL builds SAPO's temperatures with ``torch.where(A > 0, tau_pos, tau_neg)`` from python floats, i.e. in
     float32: its default tau_neg 1.05 is float32(1.05) = 1.0499999523. The adapter passes 1.05 (the paper's);
     with float32(1.05) it equals TRL at float64, with 1.05 it differs by that rounding only."""
-    trainer = build(loss_type="sapo")
+    trainer = build_trl_trainer(loss_type="sapo")
     assert trainer.loss_options["tau_neg"] == 1.05
-    b = _batch()
-    trl_loss, trl_grad, _, _ = _run(trainer, GRPOTrainer._compute_loss, b)
-    ours, grad, _, _ = _run(trainer, TepoGRPOTrainer._compute_loss, b)
+    b = float64_batch()
+    trl_loss, trl_grad, _, _ = run_loss(trainer, GRPOTrainer._compute_loss, b)
+    ours, grad, _, _ = run_loss(trainer, TepoGRPOTrainer._compute_loss, b)
     torch.testing.assert_close(ours, trl_loss, rtol=1e-6, atol=0.0)
     assert abs(ours.item() - trl_loss.item()) > 1e-12
     trainer.loss_options["tau_neg"] = float(torch.tensor(1.05, dtype=torch.float32))
-    ours, grad, _, _ = _run(trainer, TepoGRPOTrainer._compute_loss, b)
+    ours, grad, _, _ = run_loss(trainer, TepoGRPOTrainer._compute_loss, b)
     torch.testing.assert_close(ours, trl_loss, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(grad, trl_grad, rtol=1e-12, atol=1e-15)
 
 
-def test_trl_entropy_coef_is_a_token_mean_not_the_losss_aggregation(build):
+def test_trl_entropy_coef_is_a_token_mean_not_the_losss_aggregation(build_trl_trainer):
     """GRPOConfig.entropy_coef is TRL's bonus, ``coef * sum(m*H) / sum(m)`` (per micro-batch, / GA), whatever
     the loss type; loss_options entropy_coef follows the loss's aggregation, for dr_grpo
     ``coef * sum(m*H) / (N * max_completion_length)``. On a batch with 10 of N*L = 20 tokens that is 0.5x."""
-    b = _batch(lengths=(T, 3, 1, 1))
+    b = float64_batch(lengths=(T, 3, 1, 1))
     assert int(b["mask"].sum()) * 2 == N * T
-    with_trl = build(loss_type="dr_grpo", entropy_coef=0.05)
-    with_tepo = build(loss_type="dr_grpo", loss_options={"entropy_coef": 0.05})
-    _, _, grad_trl, logged_trl = _run(with_trl, TepoGRPOTrainer._compute_loss, b)
-    _, _, grad_tepo, logged_tepo = _run(with_tepo, TepoGRPOTrainer._compute_loss, b)
+    with_trl = build_trl_trainer(loss_type="dr_grpo", entropy_coef=0.05)
+    with_tepo = build_trl_trainer(loss_type="dr_grpo", loss_options={"entropy_coef": 0.05})
+    _, _, grad_trl, logged_trl = run_loss(with_trl, TepoGRPOTrainer._compute_loss, b)
+    _, _, grad_tepo, logged_tepo = run_loss(with_tepo, TepoGRPOTrainer._compute_loss, b)
     h, m = b["entropy"], b["mask"].bool()
     want_trl = -0.05 * h[m].sum() / m.sum()
     assert logged_trl["tepo/trl_entropy_bonus"] == pytest.approx(float(want_trl), rel=1e-12)
@@ -251,7 +178,7 @@ def test_trl_entropy_coef_is_a_token_mean_not_the_losss_aggregation(build):
 
 
 @pytest.mark.parametrize("target", [0.5, 2.0])
-def test_trl_adaptive_entropy_controller_equals_trls(build, target):
+def test_trl_adaptive_entropy_controller_equals_trls(build_trl_trainer, target):
     """use_adaptive_entropy: the first step applies no bonus (no entropy measured yet), then the coefficient moves
     by entropy_coef_delta towards entropy_target, as TRL's controller on TRL's own state: three steps of the
     adapter equal three steps of TRL's builtin loss (value, gradient, coefficient, metrics). The batch's mean
@@ -260,15 +187,17 @@ def test_trl_adaptive_entropy_controller_equals_trls(build, target):
     config = dict(
         use_adaptive_entropy=True, entropy_coef=0.1, entropy_coef_delta=0.03, entropy_target=target, beta=0.04
     )
-    trainer = build(**config)
+    trainer = build_trl_trainer(**config)
     state = (trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats)
     trl_steps = []
     for seed in range(3):
-        trl_steps.append((*_run(trainer, GRPOTrainer._compute_loss, _batch(seed)), trainer.entropy_coef))
+        trl_steps.append(
+            (*run_loss(trainer, GRPOTrainer._compute_loss, float64_batch(seed)), trainer.entropy_coef)
+        )
     trl_coef = trainer.entropy_coef
     trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats = state
     for seed, (want, want_grad, want_grad_h, want_logged, want_coef) in enumerate(trl_steps):
-        ours, grad, grad_h, logged = _run(trainer, TepoGRPOTrainer._compute_loss, _batch(seed))
+        ours, grad, grad_h, logged = run_loss(trainer, TepoGRPOTrainer._compute_loss, float64_batch(seed))
         torch.testing.assert_close(ours, want, rtol=1e-12, atol=1e-15)
         torch.testing.assert_close(grad, want_grad, rtol=1e-12, atol=1e-15)
         torch.testing.assert_close(grad_h, want_grad_h, rtol=1e-12, atol=1e-15)
@@ -282,18 +211,10 @@ def test_trl_adaptive_entropy_controller_equals_trls(build, target):
     assert moved == pytest.approx(-0.09 if target < 1 else 0.09)
 
 
-def test_opo_reads_the_completion_mask_trl_has(build, tiny_model_dir, tmp_path):
+def test_opo_reads_the_completion_mask_trl_has(build_trl_trainer, tiny_model_dir, tmp_path):
     """advantage_estimator='opo' needs each response's length at advantage time: TRL has the completion mask
     there, so the adapter passes it (gathered over processes as lengths); OPO's baseline is length-weighted."""
-    trainer = TepoGRPOTrainer(
-        model=LlamaForCausalLM.from_pretrained(tiny_model_dir),
-        reward_funcs=_reward,
-        args=_config(tmp_path),
-        train_dataset=Dataset.from_list([{"prompt": "2 + 3 ="}] * 4),
-        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
-        advantage_estimator="opo",
-    )
-    trainer.model.train()
+    trainer = tiny_trainer(tiny_model_dir, tmp_path, T, advantage_estimator="opo")
     rewards = torch.tensor([1.0, 0.0, 0.5, 2.0])
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
     trainer._tepo_rewards_per_func = rewards.unsqueeze(1)
@@ -310,11 +231,11 @@ def test_opo_reads_the_completion_mask_trl_has(build, tiny_model_dir, tmp_path):
     torch.testing.assert_close(output["advantages"], compute_advantages("opo", rewards, 2, mask=mask.bool()))
 
 
-def test_tepo_explains_trls_length_weighting_warning(build, caplog):
+def test_tepo_explains_trls_length_weighting_warning(build_trl_trainer, caplog):
     """TRL warns on importance_sampling_level='sequence' with a token-sum loss (PR #6042); that is TEPO's own
     configuration, and the adapter says why right after."""
     with caplog.at_level(logging.WARNING):
-        trainer = build(importance_sampling_level="sequence")
+        trainer = build_trl_trainer(importance_sampling_level="sequence")
     assert trainer.loss_name == "tepo"
     text = caplog.text
     assert "weights each sequence by its completion length" in text  # TRL's warning
@@ -397,38 +318,42 @@ def test_loss_name_accepts_trl_fields_that_describe_the_same_loss(tmp_path):
     assert dual.options["dual_clip"] == 3.0
 
 
-def test_trls_cispo_cases_are_not_vacuous(build):
+def test_trls_cispo_cases_are_not_vacuous(build_trl_trainer):
     """The cispo cases above bite: on that batch TRL's own loss clips some but not all positive-advantage
     tokens (cap 1.2, token ratio) or rows (cap 1.025, sequence ratio), the cap below 1 clips (nearly) everything,
     and the sequence ratio gives another loss than the token ratio at the same cap (so cispo_seq had to be the
     sequence one)."""
-    b = _batch()
+    b = float64_batch()
     logged = {}
     values = {}
     for case in ("cispo", "cispo/cap<1", "cispo/sequence", "cispo/sequence/cap<1"):
-        trainer = build(**CASES[case][0])
-        values[case], _, _, trl_logged = _run(trainer, GRPOTrainer._compute_loss, b)
+        trainer = build_trl_trainer(**CASES[case][0])
+        values[case], _, _, trl_logged = run_loss(trainer, GRPOTrainer._compute_loss, b)
         logged[case] = trl_logged["cispo_clip_ratio"]
     positive = float(((b["adv"] > 0).unsqueeze(1) & b["mask"].bool()).sum() / b["mask"].sum())
     assert 0 < logged["cispo"] < positive
     # one value per sequence: rows 0 and 2 have A > 0, s_0 = 1.0202 and s_2 = 1.0277: row 2 is above 1.025
     assert logged["cispo/sequence"] == 0.25
     assert logged["cispo/cap<1"] == pytest.approx(positive) and logged["cispo/sequence/cap<1"] == 0.5
-    token_at_cap = _run(build(loss_type="cispo", epsilon_high=1.025), GRPOTrainer._compute_loss, b)[0]
+    token_at_cap = run_loss(
+        build_trl_trainer(loss_type="cispo", epsilon_high=1.025), GRPOTrainer._compute_loss, b
+    )[0]
     assert abs(float(token_at_cap - values["cispo/sequence"])) > 1e-6
 
 
-def test_vespo_lambda_below_trls_floor_is_where_the_two_differ(build):
+def test_vespo_lambda_below_trls_floor_is_where_the_two_differ(build_trl_trainer):
     """TRL clamps vespo's lambda to at least 1e-4 (the parity page's row); tepo takes it as given and refuses 0."""
-    b = _batch()
+    b = float64_batch()
 
     def gap(lam):
-        trainer = build(loss_type="vespo", vespo_lambda_pos=lam, vespo_lambda_neg=lam)
-        trl = _run(trainer, GRPOTrainer._compute_loss, b)[1]
-        ours = _run(trainer, TepoGRPOTrainer._compute_loss, b)[1]
+        trainer = build_trl_trainer(loss_type="vespo", vespo_lambda_pos=lam, vespo_lambda_neg=lam)
+        trl = run_loss(trainer, GRPOTrainer._compute_loss, b)[1]
+        ours = run_loss(trainer, TepoGRPOTrainer._compute_loss, b)[1]
         return float((ours - trl).abs().max() / trl.abs().max())
 
     at_floor, below = gap(1e-4), gap(1e-9)
     print(f"relative gradient gap at lambda 1e-4: {at_floor:.3e}, at 1e-9: {below:.3e}")
     assert below > 100 * max(at_floor, 1e-12)  # TRL computed the second with 1e-4
-    _assert_equal_to_trl(build(loss_type="vespo", vespo_lambda_pos=1e-4, vespo_lambda_neg=1e-4), b)
+    _assert_equal_to_trl(
+        build_trl_trainer(loss_type="vespo", vespo_lambda_pos=1e-4, vespo_lambda_neg=1e-4), b
+    )

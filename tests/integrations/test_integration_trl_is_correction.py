@@ -20,11 +20,9 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from datasets import Dataset
-from transformers import AutoTokenizer, LlamaForCausalLM
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
-from tepo.integrations.trl import TepoGRPOTrainer
+from trl_runner import loss_and_grad, tiny_trainer
 
 CLIP_MIN, CLIP_MAX = 0.6, 1.5
 MAX_COMPLETION = 8
@@ -40,23 +38,11 @@ PAIRS = {
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
-def length_reward(completions, **kwargs):
-    """Never called here (no generation); GRPOTrainer requires a reward function."""
-    return [len(c) / 32.0 for c in completions]
-
-
 @pytest.fixture(scope="module")
 def trainers(tiny_model_dir, tmp_path_factory, one_torch_thread):
     built = {}
     for key, (name, level, loss_type, beta) in PAIRS.items():
-        config = GRPOConfig(
-            output_dir=str(tmp_path_factory.mktemp("out")),
-            use_cpu=True,
-            per_device_train_batch_size=4,
-            num_generations=2,
-            steps_per_generation=1,
-            gradient_accumulation_steps=1,
-            max_completion_length=MAX_COMPLETION,
+        config = dict(
             importance_sampling_level=level,
             loss_type=loss_type,
             epsilon=0.2,
@@ -65,22 +51,9 @@ def trainers(tiny_model_dir, tmp_path_factory, one_torch_thread):
             use_bias_correction_kl=False,
             vllm_importance_sampling_clip_min=CLIP_MIN,
             vllm_importance_sampling_clip_max=CLIP_MAX,
-            report_to="none",
-            save_strategy="no",
-            bf16=False,
-            seed=0,
         )
-        trainer = TepoGRPOTrainer(
-            model=LlamaForCausalLM.from_pretrained(tiny_model_dir),
-            reward_funcs=length_reward,
-            args=config,
-            train_dataset=Dataset.from_list([{"prompt": "2 + 3 ="}] * 4),
-            processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
-            loss_name=name,
-        )
-        trainer.model.train()
-        trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which these tests do not run
-        built[key] = trainer
+        out = tmp_path_factory.mktemp("out")
+        built[key] = tiny_trainer(tiny_model_dir, out, MAX_COMPLETION, config=config, loss_name=name)
     return built
 
 
@@ -128,15 +101,6 @@ def _batch(trainer, mode, seed=0, rows=6, prompt_len=4, comp_len=7):
     return batch
 
 
-def _loss_and_grad(trainer, fn):
-    trainer.model.zero_grad(set_to_none=True)
-    loss = fn()
-    loss.backward()
-    grad = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
-    trainer.model.zero_grad(set_to_none=True)
-    return loss.detach(), grad
-
-
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("pair", list(PAIRS))
 def test_adapter_with_vllm_is_correction_equals_trl_builtin(trainers, pair, mode):
@@ -154,15 +118,15 @@ def test_adapter_with_vllm_is_correction_equals_trl_builtin(trainers, pair, mode
     trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
     trainer.vllm_importance_sampling_mode = mode
     try:
-        want, want_grad = _loss_and_grad(
+        want, want_grad = loss_and_grad(
             trainer, lambda: GRPOTrainer._compute_loss(trainer, trainer.model, batch)
         )
-        got, got_grad = _loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, batch))
+        got, got_grad = loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, batch))
         # and the correction matters: without the ratio, both losses change
         unweighted = {k: v for k, v in batch.items() if k != "importance_sampling_ratio"}
         trainer.use_vllm = False
-        plain, _ = _loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, unweighted))
-        plain_trl, _ = _loss_and_grad(
+        plain, _ = loss_and_grad(trainer, lambda: trainer._compute_loss(trainer.model, unweighted))
+        plain_trl, _ = loss_and_grad(
             trainer, lambda: GRPOTrainer._compute_loss(trainer, trainer.model, unweighted)
         )
     finally:

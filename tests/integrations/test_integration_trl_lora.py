@@ -9,14 +9,17 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 from peft import LoraConfig
-from test_integration_trl import _trainer
+
+from trl_runner import embedded_model_trainer
 
 pytestmark = pytest.mark.model
 
 
 def test_two_step_lora_run_trains_the_adapters_only(tmp_path):
     peft_config = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
-    trainer = _trainer(tmp_path, loss_name="tepo", peft_config=peft_config, config={"learning_rate": 1e-3})
+    trainer = embedded_model_trainer(
+        tmp_path, loss_name="tepo", peft_config=peft_config, config={"learning_rate": 1e-3}
+    )
     named = dict(trainer.model.named_parameters())
     trained = {n for n, p in named.items() if p.requires_grad}
     assert trained and all("lora_" in n for n in trained)

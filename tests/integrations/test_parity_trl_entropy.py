@@ -25,12 +25,12 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from test_integration_trl_config import F64, _batch, _run, build  # noqa: F401  (module-scoped fixture)
 from trl import GRPOTrainer
 
 from tepo.losses import compute_policy_loss
 from tepo.losses.inputs import LossInputs
 from tepo.losses.token_selection import entropy_threshold
+from trl_runner import F64, float64_batch, run_loss
 
 
 def _tepo_threshold(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> float:
@@ -55,11 +55,11 @@ def _trl_keep(trainer, entropy, mask, rho):
 
 
 @pytest.mark.parametrize("rho", [0.2, 0.5, 0.8])
-def test_tepo_entropy_threshold_keeps_what_trls_get_high_entropy_mask_keeps(build, rho):  # noqa: F811
+def test_tepo_entropy_threshold_keeps_what_trls_get_high_entropy_mask_keeps(build_trl_trainer, rho):
     """Equal kept sets except on a token whose entropy lies between the float32 and float64 thresholds: with an
     odd number of valid tokens and rho = 0.5 the quantile *is* one token's entropy, and TRL drops that token when
     float32 rounds its entropy up (asserted to happen on this batch, on that one token only)."""
-    trainer = build()
+    trainer = build_trl_trainer()
     gen = torch.Generator().manual_seed(1)
     lengths = torch.randint(1, 40, (16,), generator=gen)
     mask = (torch.arange(40).unsqueeze(0) < lengths.unsqueeze(1)).long()
@@ -95,7 +95,7 @@ def test_tepo_entropy_threshold_keeps_what_trls_get_high_entropy_mask_keeps(buil
         ),  # float32(middle) = 1.0 > middle: TRL drops the token at the quantile itself
     ],
 )
-def test_the_float32_quantile_differs_only_by_rounding(build, low, middle, tepo_keeps, trl_keeps):  # noqa: F811
+def test_the_float32_quantile_differs_only_by_rounding(build_trl_trainer, low, middle, tepo_keeps, trl_keeps):
     """rho = 0.5 over five tokens: the quantile is the middle token's entropy. tepo's float64 threshold is that
     value; TRL's is its float32 rounding, 1.0, so a token at 1.0 or the middle token itself falls on the other
     side. The difference is float32 rounding of the entropies, nothing else."""
@@ -105,14 +105,14 @@ def test_the_float32_quantile_differs_only_by_rounding(build, low, middle, tepo_
     assert t64 == middle
     assert float(torch.quantile(entropy[0].float(), 0.5)) == 1.0
     assert int((entropy >= t64).sum()) == tepo_keeps
-    assert int(_trl_keep(build(), entropy, mask, 0.5).sum()) == trl_keeps
+    assert int(_trl_keep(build_trl_trainer(), entropy, mask, 0.5).sum()) == trl_keeps
 
 
 @pytest.mark.parametrize("rho", [0.3, 0.6])
-def test_tepo_top_entropy_quantile_loss_equals_trls_compute_loss(build, rho):  # noqa: F811
-    trainer = build(loss_type="dapo", epsilon_high=0.28, top_entropy_quantile=rho)
-    b = _batch()
-    trl_loss, trl_grad, _, _ = _run(trainer, GRPOTrainer._compute_loss, b)
+def test_tepo_top_entropy_quantile_loss_equals_trls_compute_loss(build_trl_trainer, rho):
+    trainer = build_trl_trainer(loss_type="dapo", epsilon_high=0.28, top_entropy_quantile=rho)
+    b = float64_batch()
+    trl_loss, trl_grad, _, _ = run_loss(trainer, GRPOTrainer._compute_loss, b)
     logp = b["logp"].clone().requires_grad_(True)
     ours, _ = compute_policy_loss(
         "dapo",
@@ -133,10 +133,10 @@ def test_tepo_top_entropy_quantile_loss_equals_trls_compute_loss(build, rho):  #
 
 
 @pytest.mark.parametrize("coef", [0.05, -0.3])
-def test_tepo_entropy_coef_under_token_mean_equals_trls_bonus(build, coef):  # noqa: F811
-    trainer = build(loss_type="dapo", epsilon_high=0.28, entropy_coef=coef)
-    b = _batch()
-    trl_loss, trl_grad, trl_grad_h, _ = _run(trainer, GRPOTrainer._compute_loss, b)
+def test_tepo_entropy_coef_under_token_mean_equals_trls_bonus(build_trl_trainer, coef):
+    trainer = build_trl_trainer(loss_type="dapo", epsilon_high=0.28, entropy_coef=coef)
+    b = float64_batch()
+    trl_loss, trl_grad, trl_grad_h, _ = run_loss(trainer, GRPOTrainer._compute_loss, b)
     logp = b["logp"].clone().requires_grad_(True)
     entropy = b["entropy"].clone().requires_grad_(True)
     ours, _ = compute_policy_loss(

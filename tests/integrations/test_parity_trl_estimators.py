@@ -16,17 +16,13 @@ import pytest
 import torch
 
 pytest.importorskip("trl")
-from datasets import Dataset
-from transformers import AutoTokenizer, LlamaForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from helpers import one_window_grpo_config
 from tepo.advantages import compute_advantages
 from tepo.losses import compute_policy_loss
+from trl_runner import F64, T, float64_batch, run_loss, tiny_trainer
 
-F64 = torch.float64
 BETA = 0.04
-N, T = 4, 5
 
 
 SCORED: list[list[float]] = []  # every batch of rewards _reward returned, in order
@@ -40,52 +36,17 @@ def _reward(completions, **kwargs):
 
 
 def _trainer(tiny_model_dir, tmp_path, **config) -> GRPOTrainer:
-    args = one_window_grpo_config(tmp_path, T, **config)
-    trainer = GRPOTrainer(
-        model=LlamaForCausalLM.from_pretrained(tiny_model_dir),
-        reward_funcs=_reward,
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": "2 + 3 ="}] * 4),
-        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
-    )
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which these tests do not run
-    return trainer
+    return tiny_trainer(tiny_model_dir, tmp_path, T, trainer_cls=GRPOTrainer, reward=_reward, config=config)
 
 
 def _batch(seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    mask = torch.ones(N, T, dtype=torch.long)
-    for i, length in enumerate([T, T - 2, 2, T - 1]):
-        mask[i, length:] = 0
-    old = -torch.rand(N, T, generator=gen, dtype=F64) * 2 - 0.1
-    return {
-        "logp": old + 0.25 * torch.randn(N, T, generator=gen, dtype=F64),
-        "old": old,
-        "ref": old + 0.3 * torch.randn(N, T, generator=gen, dtype=F64),
-        "entropy": torch.rand(N, T, generator=gen, dtype=F64),
-        "adv": torch.tensor([1.0, -0.5, 0.8, -1.2], dtype=F64),
-        "mask": mask,
-    }
+    return float64_batch(seed, logp_noise=0.25, sampling=False, entropy_scale=1.0)
 
 
 def _trl_loss(trainer, b):
     """TRL's own ``_compute_loss`` on the batch: value, gradient w.r.t. logp, and TRL's logged ``kl``."""
-    logp = b["logp"].clone().requires_grad_(True)
-    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logp, b["entropy"], None)
-    inputs = {
-        "prompt_ids": torch.zeros(N, 1, dtype=torch.long),
-        "prompt_mask": torch.ones(N, 1, dtype=torch.long),
-        "completion_ids": torch.zeros(N, T, dtype=torch.long),
-        "completion_mask": b["mask"],
-        "advantages": b["adv"],
-        "old_per_token_logps": b["old"],
-        "ref_per_token_logps": b["ref"],
-        "num_items_in_batch": b["mask"].sum().to(F64),
-    }
-    loss = GRPOTrainer._compute_loss(trainer, trainer.model, inputs)
-    loss.backward()
-    return loss.detach(), logp.grad, trainer._metrics["train"]["kl"][-1]
+    loss, grad, _, logged = run_loss(trainer, GRPOTrainer._compute_loss, b)
+    return loss, grad, logged["kl"]
 
 
 def _our_loss(name, b, **options):
