@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
+from loss_cases import pad
 from tepo.config import ConfigError, load_config
 from tepo.losses import KL_ESTIMATORS, compute_policy_loss, kl_estimate
 
 E = math.exp
-NAN = float("nan")
 
 # Two rows, T = 3, row 1 padded (NaN padding must not matter).
 LOGP = [[-1.0, -0.5, -2.0], [-0.2, -1.2]]
@@ -20,10 +20,6 @@ OLD = [[-1.1, -0.3, -2.2], [-0.6, -1.0]]
 REF = [[-1.3, -0.4, -2.5], [-0.2, -0.7]]
 ADV = [0.5, -1.0]
 T_TOT = 5
-
-
-def _pad(rows, fill=NAN):
-    return torch.tensor([r + [fill] * (3 - len(r)) for r in rows], dtype=torch.float64)
 
 
 def _flat(rows):
@@ -82,11 +78,11 @@ def test_k1_plus_gradient_differs_from_k1s():
 @pytest.mark.parametrize("estimator", ["k3_unbiased", "k1+", "k3+"])
 def test_kl_coef_adds_the_estimate_through_compute_policy_loss(estimator):
     coef = 0.25
-    logp = _pad(LOGP).requires_grad_(True)
+    logp = pad(LOGP).requires_grad_(True)
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    common = {"old_logp": _pad(OLD), "advantages": torch.tensor(ADV, dtype=torch.float64), "mask": mask}
+    common = {"old_logp": pad(OLD), "advantages": torch.tensor(ADV, dtype=torch.float64), "mask": mask}
     loss, metrics = compute_policy_loss(
-        "dapo", logp=logp, ref_logp=_pad(REF), kl_coef=coef, kl_estimator=estimator, eps=10.0, **common
+        "dapo", logp=logp, ref_logp=pad(REF), kl_coef=coef, kl_estimator=estimator, eps=10.0, **common
     )
     loss.backward()
     value, grad = _estimate_and_grad(estimator)

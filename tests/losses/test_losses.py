@@ -1,12 +1,8 @@
 """Every registered policy loss against its closed form, value AND gradient w.r.t. logp, written out by hand.
 
-One small batch (float64) serves all of them: N=3 responses, T=3, row 1 padded by one token and row 2 a
-one-token response; padded positions hold NaN. Token log-ratios d = logp - old and advantages A were chosen so
-that, with eps 0.2/0.2, each case of the PPO clip appears:
-
-    row 0, A=+1:  d =  0.1 (r=1.105, inside)   d = -0.3 (r=0.741, below but A>0: unclipped)   d = 0.3 (r=1.350: clipped)
-    row 1, A=-2:  d = -0.5 (r=0.607: clipped)  d = 0.25 (r=1.284, above but A<0: unclipped)
-    row 2, A=+0.5: d = 0.5 (r=1.649: clipped)
+One small batch (float64, tests/loss_cases.py: its docstring has the table of log-ratios and advantages) serves
+all of them: N=3 responses, T=3, row 1 padded by one token and row 2 a one-token response; padded positions hold
+NaN; with eps 0.2/0.2 each case of the PPO clip appears.
 """
 
 from __future__ import annotations
@@ -16,52 +12,22 @@ import math
 import pytest
 import torch
 
+from loss_cases import (
+    ADV,
+    LENS,
+    LOGP,
+    NAN,
+    T_TOT,
+    D,
+    E,
+    N,
+    assert_grad,
+    batch,
+    run,
+    seq_mean_token_mean,
+    token_mean,
+)
 from tepo.losses import compute_policy_loss, mini_batch_stats
-
-E = math.exp
-NAN = float("nan")
-OLD = [[-1.0, -2.0, -0.5], [-1.5, -0.7], [-0.3]]
-D = [[0.1, -0.3, 0.3], [-0.5, 0.25], [0.5]]
-ADV = [1.0, -2.0, 0.5]
-LOGP = [[o + d for o, d in zip(orow, drow)] for orow, drow in zip(OLD, D)]
-LENS = [3, 2, 1]
-T_TOT = 6
-N = 3
-
-
-def _pad(rows, fill=NAN):
-    return torch.tensor([row + [fill] * (3 - len(row)) for row in rows], dtype=torch.float64)
-
-
-def batch():
-    logp = _pad(LOGP).requires_grad_(True)
-    return {
-        "logp": logp,
-        "old_logp": _pad(OLD),
-        "advantages": torch.tensor(ADV, dtype=torch.float64),
-        "mask": torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]),
-    }
-
-
-def run(name, **options):
-    inputs = batch()
-    loss, metrics = compute_policy_loss(name, **inputs, **options)
-    loss.backward()
-    return loss.item(), inputs["logp"].grad, metrics
-
-
-def assert_grad(grad, expected_rows):
-    expected = _pad(expected_rows, fill=0.0)
-    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
-
-
-def seq_mean_token_mean(rows):
-    return sum(sum(r) / len(r) for r in rows) / N
-
-
-def token_mean(rows):
-    return sum(sum(r) for r in rows) / T_TOT
-
 
 # ---- the PPO-clipped token-ratio family -----------------------------------------------------------------------
 

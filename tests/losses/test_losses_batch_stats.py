@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tepo.losses import POLICY_LOSSES, CovStats, compute_policy_loss, mini_batch_stats
+from loss_cases import loss_on_rows, random_mini_batch
+from tepo.losses import POLICY_LOSSES, CovStats, mini_batch_stats
 
 COV_LOSSES = ["clip_cov", "kl_cov", "cov_gauss"]
 OPTIONS = {
@@ -16,30 +17,6 @@ OPTIONS = {
     "kl_cov": {"kl_cov_ratio": 0.05, "kl_cov_coef": 1.0},
     "cov_gauss": {},
 }
-
-
-def _mini_batch(n=64, width=12, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(0, width + 1, (n,), generator=gen)
-    mask = torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
-    old = -torch.rand(n, width, generator=gen, dtype=torch.float64) * 3
-    logp = old + 0.25 * torch.randn(n, width, generator=gen, dtype=torch.float64)
-    adv = torch.randn(n, generator=gen, dtype=torch.float64)
-    return {"logp": logp, "old_logp": old, "advantages": adv, "mask": mask}
-
-
-def _grad(name, batch, rows, cols=slice(None), **options):
-    logp = batch["logp"][rows][:, cols].clone().requires_grad_(True)
-    loss, metrics = compute_policy_loss(
-        name,
-        logp=logp,
-        old_logp=batch["old_logp"][rows][:, cols],
-        advantages=batch["advantages"][rows],
-        mask=batch["mask"][rows][:, cols],
-        **options,
-    )
-    loss.backward()
-    return loss.detach(), logp.grad, metrics
 
 
 def _stats(name, batch, **options):
@@ -56,22 +33,22 @@ def _stats(name, batch, **options):
 def test_the_spec_says_which_losses_need_mini_batch_statistics():
     needing = sorted(name for name, spec in POLICY_LOSSES.items() if spec.needs_batch_stats)
     assert needing == sorted(COV_LOSSES)
-    batch = _mini_batch(8)
+    batch = random_mini_batch(8)
     assert _stats("tepo", batch, eps=0.2, agg="token-mean") is None
 
 
 @pytest.mark.parametrize("name", COV_LOSSES)
 @pytest.mark.parametrize("split", [4, 8, 32])
 def test_micro_batches_with_mini_batch_stats_give_the_one_call_gradient(name, split):
-    batch = _mini_batch()
+    batch = random_mini_batch()
     n = batch["mask"].shape[0]
     counts = {"num_tokens": int(batch["mask"].sum()), "num_seqs": n}
     options = OPTIONS[name]
     # One call on the whole mini-batch, statistics computed inside it (no batch_stats).
-    full_loss, full_grad, full_metrics = _grad(name, batch, slice(0, n), **counts, **options)
+    full_loss, full_grad, full_metrics = loss_on_rows(name, batch, slice(0, n), **counts, **options)
     stats = _stats(name, batch, **options, **counts)
     parts = [
-        _grad(
+        loss_on_rows(
             name, batch, slice(s, s + split), batch_stats=stats.rows(slice(s, s + split)), **counts, **options
         )
         for s in range(0, n, split)
@@ -91,7 +68,7 @@ def test_micro_batches_with_mini_batch_stats_give_the_one_call_gradient(name, sp
 
 @pytest.mark.parametrize("name", ["clip_cov", "kl_cov"])
 def test_at_least_one_token_per_mini_batch_not_per_micro_batch(name):
-    batch = _mini_batch(32, seed=1)
+    batch = random_mini_batch(32, seed=1)
     n = batch["mask"].shape[0]
     options = {"clip_cov": {"seed": 0, "clip_cov_lb": -1.0, "clip_cov_ub": 1.0}, "kl_cov": {}}[name]
     # Default ratio 2e-4: int(2e-4 * n_valid) = 0 tokens, so the rule picks exactly one over the mini-batch.
@@ -100,33 +77,38 @@ def test_at_least_one_token_per_mini_batch_not_per_micro_batch(name):
     key = {"clip_cov": "cov_clip_frac", "kl_cov": "kl_cov_frac"}[name]
     chosen = 0
     for s in range(0, n, 8):
-        _, _, metrics = _grad(
+        _, _, metrics = loss_on_rows(
             name, batch, slice(s, s + 8), batch_stats=stats.rows(slice(s, s + 8)), **options
         )
         chosen += round(metrics[key] * int(batch["mask"][s : s + 8].sum()))
     assert chosen == 1
     # Per-call statistics (verl's behaviour) choose at least one per non-empty micro-batch instead.
     per_call = sum(
-        round(_grad(name, batch, slice(s, s + 8), **options)[2][key] * int(batch["mask"][s : s + 8].sum()))
+        round(
+            loss_on_rows(name, batch, slice(s, s + 8), **options)[2][key]
+            * int(batch["mask"][s : s + 8].sum())
+        )
         for s in range(0, n, 8)
     )
     assert per_call == 4
 
 
 def test_rows_slices_columns_like_a_trimmed_micro_batch():
-    batch = _mini_batch(16, seed=2)
+    batch = random_mini_batch(16, seed=2)
     options = {"kl_cov_ratio": 0.2}
     counts = {"num_tokens": int(batch["mask"].sum()), "num_seqs": 16}
     stats = _stats("kl_cov", batch, **options)
-    _, full_grad, _ = _grad("kl_cov", batch, slice(0, 16), batch_stats=stats, **counts, **options)
+    _, full_grad, _ = loss_on_rows("kl_cov", batch, slice(0, 16), batch_stats=stats, **counts, **options)
     rows = torch.tensor([3, 0, 9, 12])
     cols = slice(0, int(batch["mask"][rows].sum(dim=0).nonzero().max()) + 1)  # trimmed to the used columns
-    _, grad, _ = _grad("kl_cov", batch, rows, cols, batch_stats=stats.rows(rows, cols), **counts, **options)
+    _, grad, _ = loss_on_rows(
+        "kl_cov", batch, rows, cols, batch_stats=stats.rows(rows, cols), **counts, **options
+    )
     torch.testing.assert_close(grad, full_grad[rows][:, cols], rtol=1e-12, atol=1e-14)
 
 
 def test_a_generator_is_drawn_from_once_per_mini_batch():
-    batch = _mini_batch(16, seed=3)
+    batch = random_mini_batch(16, seed=3)
     options = {"clip_cov_ratio": 0.3, "clip_cov_lb": -1.0, "clip_cov_ub": 1.0}
     first = _stats("clip_cov", batch, generator=torch.Generator().manual_seed(5), **options)
     again = _stats("clip_cov", batch, generator=torch.Generator().manual_seed(5), **options)
@@ -148,20 +130,20 @@ def test_mini_batch_stats_hand_values():
 
 
 def test_misuse_is_reported():
-    batch = _mini_batch(8, seed=4)
+    batch = random_mini_batch(8, seed=4)
     stats = _stats("kl_cov", batch)
     with pytest.raises(ValueError, match=r"rows\(rows, cols\)"):
-        _grad("kl_cov", batch, slice(0, 4), batch_stats=stats)
+        loss_on_rows("kl_cov", batch, slice(0, 4), batch_stats=stats)
     with pytest.raises(ValueError, match="computed for policy loss 'kl_cov', not 'clip_cov'"):
-        _grad("clip_cov", batch, slice(0, 8), batch_stats=stats)
+        loss_on_rows("clip_cov", batch, slice(0, 8), batch_stats=stats)
     with pytest.raises(ValueError, match="takes no batch_stats"):
-        _grad("tepo", batch, slice(0, 8), batch_stats=stats)
+        loss_on_rows("tepo", batch, slice(0, 8), batch_stats=stats)
     with pytest.raises(ValueError, match="either batch_stats or cov_stats"):
-        _grad("kl_cov", batch, slice(0, 8), batch_stats=stats, cov_stats=stats)
+        loss_on_rows("kl_cov", batch, slice(0, 8), batch_stats=stats, cov_stats=stats)
     with pytest.raises(ValueError, match="do not pass it"):
         _stats("kl_cov", batch, cov_stats=stats)
     with pytest.raises(ValueError, match="unknown option"):
         _stats("kl_cov", batch, kl_cov_share=0.1)
     with pytest.raises(ValueError, match="CovStats"):
-        _grad("cov_gauss", batch, slice(0, 8), cov_stats=(0.0, 0.0, 1.0))
+        loss_on_rows("cov_gauss", batch, slice(0, 8), cov_stats=(0.0, 0.0, 1.0))
     assert isinstance(stats, CovStats)

@@ -2,7 +2,7 @@
 w.r.t. logp, written out by hand; the spec's facts (luspo = tepo * T_tot/N, sapo at r = 1 is the plain policy
 gradient, tepo_token / gspo_token equal tepo / gspo with a sequence-level advantage); micro-batch invariance.
 
-The sapo, luspo, vespo and tepo_token cases reuse test_losses.py's hand-checkable batch (N=3, T=3, rows of 3, 2
+The sapo, luspo, vespo and tepo_token cases reuse tests/loss_cases.py's hand-checkable batch (N=3, T=3, rows of 3, 2
 and 1 tokens, NaN padding, log-ratios d and advantages A in its docstring). The DPPO masks read probabilities,
 so they get their own batch of genuine log-probabilities.
 """
@@ -13,7 +13,8 @@ import math
 
 import pytest
 import torch
-from test_losses import (
+
+from loss_cases import (
     ADV,
     LENS,
     LOGP,
@@ -23,12 +24,12 @@ from test_losses import (
     N,
     assert_grad,
     batch,
+    loss_on_rows,
+    random_mini_batch,
     run,
     seq_mean_token_mean,
     token_mean,
 )
-from test_losses_batch_stats import _grad, _mini_batch
-
 from tepo.losses import POLICY_LOSSES, compute_policy_loss
 
 NEW_LOSSES = ["sapo", "luspo", "dppo_tv", "dppo_kl", "vespo", "tepo_token", "gspo_token"]
@@ -125,10 +126,10 @@ def test_luspo_length_scaled_sequence_term():
 
 
 def test_luspo_is_tepo_times_total_tokens_over_sequences():
-    mb = _mini_batch(16, seed=11)
+    mb = random_mini_batch(16, seed=11)
     n, tokens = mb["mask"].shape[0], int(mb["mask"].sum())
-    luspo_loss, luspo_grad, _ = _grad("luspo", mb, slice(0, n))
-    tepo_loss, tepo_grad, _ = _grad("tepo", mb, slice(0, n), eps=0.2)
+    luspo_loss, luspo_grad, _ = loss_on_rows("luspo", mb, slice(0, n))
+    tepo_loss, tepo_grad, _ = loss_on_rows("tepo", mb, slice(0, n), eps=0.2)
     torch.testing.assert_close(luspo_loss, tepo_loss * tokens / n, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(luspo_grad, tepo_grad * tokens / n, rtol=1e-12, atol=1e-14)
     assert luspo_grad.abs().sum() > 0
@@ -291,10 +292,10 @@ def test_tepo_token_clips_per_token_on_the_sequence_ratio():
     ("tepo_token", "tepo", {"eps": 0.05}),
 ])  # fmt: skip
 def test_token_forms_equal_the_sequence_forms_with_a_sequence_level_advantage(token_loss, loss, options):
-    mb = _mini_batch(24, seed=5)
+    mb = random_mini_batch(24, seed=5)
     n = mb["mask"].shape[0]
-    a_loss, a_grad, _ = _grad(token_loss, mb, slice(0, n), **options)
-    b_loss, b_grad, _ = _grad(loss, mb, slice(0, n), **options)
+    a_loss, a_grad, _ = loss_on_rows(token_loss, mb, slice(0, n), **options)
+    b_loss, b_grad, _ = loss_on_rows(loss, mb, slice(0, n), **options)
     torch.testing.assert_close(a_loss, b_loss, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(a_grad, b_grad, rtol=1e-12, atol=1e-14)
 
@@ -311,7 +312,7 @@ def _behaviour(mb, seed=0):
 
 @pytest.mark.parametrize("name", NEW_LOSSES)
 def test_micro_batches_give_the_one_call_gradient(name):
-    mb = _mini_batch(32, seed=3)
+    mb = random_mini_batch(32, seed=3)
     n = mb["mask"].shape[0]
     counts = {"num_tokens": int(mb["mask"].sum()), "num_seqs": n}
     # Probabilities for the DPPO masks: log-probs must be <= 0 (the mini-batch's old_logp is; shift logp too).

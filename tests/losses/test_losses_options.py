@@ -9,9 +9,8 @@ import math
 
 import pytest
 import torch
-from test_losses import ADV, LENS, LOGP, T_TOT, E, N, assert_grad, batch, run, token_mean
-from test_losses_batch_stats import _mini_batch
 
+from loss_cases import ADV, LENS, LOGP, T_TOT, E, N, assert_grad, batch, random_mini_batch, run, token_mean
 from tepo.losses import compute_policy_loss, mini_batch_stats, needs_mini_batch_stats
 from tepo.losses.token_selection import MiniBatchStats, m2po_keep
 
@@ -232,7 +231,7 @@ def test_selection_options_must_be_numbers(key, value):
 
 
 def _mini_batch_with_extras(seed):
-    mb = _mini_batch(48, seed=seed)
+    mb = random_mini_batch(48, seed=seed)
     gen = torch.Generator().manual_seed(seed + 100)
     mb["entropy"] = torch.rand(mb["logp"].shape, generator=gen, dtype=torch.float64) * 2
     mb["rollout_logp"] = mb["old_logp"] + 0.2 * torch.randn(

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
+from loss_cases import pad
 from tepo.losses import compute_policy_loss, kl_estimate
 
 E = math.exp
-NAN = float("nan")
 
 # Two rows, T=3, row 1 padded. logp == old, so r = 1 and the policy loss is simple: -A per token.
 LOGP = [[-1.0, -0.5, -2.0], [-0.2, -1.2]]
@@ -20,14 +20,10 @@ ADV = [0.5, -1.0]
 T_TOT, N = 5, 2
 
 
-def _pad(rows, fill=NAN):
-    return torch.tensor([r + [fill] * (3 - len(r)) for r in rows], dtype=torch.float64)
-
-
 def _inputs(**overrides):
     base = {
-        "logp": _pad(LOGP).requires_grad_(True),
-        "old_logp": _pad(LOGP),
+        "logp": pad(LOGP).requires_grad_(True),
+        "old_logp": pad(LOGP),
         "advantages": torch.tensor(ADV, dtype=torch.float64),
         "mask": torch.tensor([[1, 1, 1], [1, 1, 0]]),
     }
@@ -66,7 +62,7 @@ def test_kl_estimators_formulas():
 )
 def test_kl_coef_adds_coef_times_aggregated_kl(estimator, value, dvalue):
     coef = 0.25
-    inputs = _inputs(ref_logp=_pad(REF))
+    inputs = _inputs(ref_logp=pad(REF))
     loss, metrics = compute_policy_loss("dapo", **inputs, kl_coef=coef, kl_estimator=estimator)
     loss.backward()
     xs = [[r - lp for r, lp in zip(rr, lr)] for rr, lr in zip(REF, LOGP)]
@@ -75,11 +71,11 @@ def test_kl_coef_adds_coef_times_aggregated_kl(estimator, value, dvalue):
     assert metrics["kl_ref"] == pytest.approx(kl, rel=1e-12)
     assert metrics["policy_loss"] == pytest.approx(POLICY_TOKEN_MEAN, rel=1e-12)
     expected = [[(-ADV[i] + coef * dvalue(x)) / T_TOT for x in row] for i, row in enumerate(xs)]
-    torch.testing.assert_close(inputs["logp"].grad, _pad(expected, 0.0))
+    torch.testing.assert_close(inputs["logp"].grad, pad(expected, 0.0))
 
 
 def test_kl_uses_the_loss_aggregation():
-    inputs = _inputs(ref_logp=_pad(REF))
+    inputs = _inputs(ref_logp=pad(REF))
     loss, _ = compute_policy_loss("grpo", **inputs, kl_coef=1.0, kl_estimator="k1")  # seq-mean-token-mean
     k1 = [[lp - r for r, lp in zip(rr, lr)] for rr, lr in zip(REF, LOGP)]
     policy = -(0.5 + -1.0) / N
@@ -88,7 +84,7 @@ def test_kl_uses_the_loss_aggregation():
 
 def test_entropy_coef_subtracts_coef_times_aggregated_entropy():
     coef = 0.1
-    entropy = _pad(ENT).requires_grad_(True)
+    entropy = pad(ENT).requires_grad_(True)
     inputs = _inputs(entropy=entropy)
     loss, metrics = compute_policy_loss("dapo", **inputs, entropy_coef=coef)
     loss.backward()
@@ -96,7 +92,7 @@ def test_entropy_coef_subtracts_coef_times_aggregated_entropy():
     assert loss.item() == pytest.approx(POLICY_TOKEN_MEAN - coef * mean_h, rel=1e-12)
     assert metrics["entropy_bonus"] == pytest.approx(-coef * mean_h, rel=1e-12)
     assert metrics["entropy"] == pytest.approx(mean_h, rel=1e-12)
-    torch.testing.assert_close(entropy.grad, _pad([[-coef / T_TOT] * 3, [-coef / T_TOT] * 2], 0.0))
+    torch.testing.assert_close(entropy.grad, pad([[-coef / T_TOT] * 3, [-coef / T_TOT] * 2], 0.0))
 
 
 def test_tepo_kl_mask_counts_only_positive_advantage_and_falling_entropy():
@@ -105,7 +101,7 @@ def test_tepo_kl_mask_counts_only_positive_advantage_and_falling_entropy():
     old = [[-1.2, -0.1, -2.3], [-0.5, -1.0]]
     old_ent = [[1.6, 0.2, 2.5], [0.9, 1.5]]
     coef = 2.0
-    inputs = _inputs(old_logp=_pad(old), entropy=_pad(ENT), old_entropy=_pad(old_ent))
+    inputs = _inputs(old_logp=pad(old), entropy=pad(ENT), old_entropy=pad(old_ent))
     loss, metrics = compute_policy_loss("dapo", **inputs, eps=10.0, tepo_kl_mask_coef=coef)
     loss.backward()
     x = [[o - lp for o, lp in zip(orow, lrow)] for orow, lrow in zip(old, LOGP)]  # old - logp
@@ -118,12 +114,12 @@ def test_tepo_kl_mask_counts_only_positive_advantage_and_falling_entropy():
     expected = [[-E(-x[i][t]) * ADV[i] / T_TOT for t in range(len(x[i]))] for i in range(2)]
     for i, t in in_set:  # d k3 / d logp = 1 - exp(old - logp)
         expected[i][t] += coef * (1 - E(x[i][t])) / T_TOT
-    torch.testing.assert_close(inputs["logp"].grad, _pad(expected, 0.0))
+    torch.testing.assert_close(inputs["logp"].grad, pad(expected, 0.0))
 
 
 def test_tepo_kl_mask_divides_by_global_token_count_whatever_the_aggregation():
     old = [[-1.2, -0.1, -2.3], [-0.5, -1.0]]
-    inputs = _inputs(old_logp=_pad(old), entropy=_pad(ENT), old_entropy=_pad(ENT, 9.0) + 1.0)  # all falling
+    inputs = _inputs(old_logp=pad(old), entropy=pad(ENT), old_entropy=pad(ENT, 9.0) + 1.0)  # all falling
     _, metrics = compute_policy_loss("grpo", **inputs, num_tokens=50, tepo_kl_mask_coef=1.0)
     x = [o - lp for o, lp in zip(old[0], LOGP[0])]  # only row 0 has A > 0
     assert metrics["tepo_kl_mask"] == pytest.approx(sum(E(v) - v - 1 for v in x) / 50, rel=1e-12)
@@ -144,13 +140,13 @@ def test_regularizer_without_its_tensor_raises(options, missing):
 
 def test_tepo_kl_mask_without_old_entropy_raises():
     with pytest.raises(ValueError, match="old_entropy"):
-        compute_policy_loss("tepo", **_inputs(entropy=_pad(ENT)), tepo_kl_mask_coef=0.1)
+        compute_policy_loss("tepo", **_inputs(entropy=pad(ENT)), tepo_kl_mask_coef=0.1)
 
 
 def test_bad_regularizer_settings_raise():
     with pytest.raises(ValueError, match="k1, k2, k3"):
-        compute_policy_loss("tepo", **_inputs(ref_logp=_pad(REF)), kl_coef=0.1, kl_estimator="k5")
+        compute_policy_loss("tepo", **_inputs(ref_logp=pad(REF)), kl_coef=0.1, kl_estimator="k5")
     with pytest.raises(ValueError, match="kl_coef must be >= 0"):
-        compute_policy_loss("tepo", **_inputs(ref_logp=_pad(REF)), kl_coef=-1.0)
+        compute_policy_loss("tepo", **_inputs(ref_logp=pad(REF)), kl_coef=-1.0)
     with pytest.raises(ValueError, match="entropy_coef must be a finite number"):
-        compute_policy_loss("tepo", **_inputs(entropy=_pad(ENT)), entropy_coef=float("nan"))
+        compute_policy_loss("tepo", **_inputs(entropy=pad(ENT)), entropy_coef=float("nan"))
