@@ -46,7 +46,7 @@ def small_vllm_run_overrides(tmp_path, python: str) -> list[str]:
     return [
         f"train.output_dir={tmp_path}",
         "rollout.backend=vllm",
-        f"rollout.vllm_python={python}",
+        f"rollout.vllm.python={python}",
         "train.prompts_per_step=2",
         "rollout.group_size=3",
         "rollout.max_new_tokens=8",

@@ -147,12 +147,10 @@ def test_keep_checkpoints_is_read_as_keep_last_with_a_note(tmp_path):
     assert load_config(str(old_run_config), ["train.keep_checkpoints=0"]).train.keep_last == 0
 
 
-def test_both_names_in_one_place_the_new_one_wins_and_the_note_says_so():
-    config = load_config(None, ["train.keep_checkpoints=7", "train.keep_last=1"])
-    assert config.train.keep_last == 1
-    assert config_warnings(config) == [
-        "train.keep_checkpoints in the overrides is deprecated and was ignored there: train.keep_last is also set"
-    ]
+def test_both_names_in_one_place_with_different_values_is_an_error():
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["train.keep_checkpoints=7", "train.keep_last=1"])
+    assert "train.keep_checkpoints and train.keep_last in the overrides differ (7 and 1)" in str(err.value)
 
 
 def test_no_note_without_the_old_name():

@@ -40,7 +40,10 @@ HOST_ON_PURPOSE = {
         "the reward functions' weights: a few floats built once per collection, moved to the rewards' device "
         "where they meet them"
     ),
-    ("rollout/vllm.py", "torch.empty((), dtype=dtype)"): "a scalar read for its element size only, never computed on",
+    (
+        "rollout/weight_sync.py",
+        "torch.empty((), dtype=dtype)",
+    ): "a scalar read for its element size only, never computed on",
     ("training/update.py", "torch.randperm(num_groups, generator=generator)"): (
         "row indices: drawn from the step's CPU generator, so one seed shuffles the groups alike on every device "
         "(a device tensor may be indexed with host indices)"
@@ -315,8 +318,8 @@ def test_a_cpu_machine_checkpoints_no_cuda_rng_and_ignores_a_recorded_one():
 
 
 def test_vllm_gpu_share_is_checked_with_the_config():
-    with pytest.raises(ConfigError, match=r"rollout\.vllm_gpu_memory_utilization: must be in \(0, 1\)"):
-        load_config(None, ["rollout.vllm_gpu_memory_utilization=1.5"])
+    with pytest.raises(ConfigError, match=r"rollout\.vllm\.gpu_memory_utilization: must be in \(0, 1\)"):
+        load_config(None, ["rollout.vllm.gpu_memory_utilization=1.5"])
 
 
 def test_the_vllm_server_gets_the_trainers_physical_gpu(monkeypatch):

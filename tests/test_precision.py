@@ -108,7 +108,7 @@ def test_explicit_values_win_and_slow_bf16_is_one_warning_line():
     )
     assert "set explicitly: update, vLLM" in chosen.reason
     assert len(warnings) == 1
-    assert "model.autocast_bf16=true" in warnings[0] and "rollout.vllm_dtype=bfloat16" in warnings[0]
+    assert "model.autocast_bf16=true" in warnings[0] and "rollout.vllm.dtype=bfloat16" in warnings[0]
     assert "28x slower" in warnings[0] and "\n" not in warnings[0]
     # float32 asked for on a bf16 machine: kept, nothing to warn about.
     chosen, warnings = resolve_precision(False, False, "float32", "cpu", cpu=zen4)
@@ -157,11 +157,11 @@ def test_this_machine_is_read():
 
 def test_config_defaults_are_auto_and_accept_explicit_values():
     c = RunConfig()
-    assert (c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm_dtype) == ("auto", "auto", "auto")
+    assert (c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm.dtype) == ("auto", "auto", "auto")
     c = load_config(
-        None, ["model.autocast_bf16=false", "rollout.autocast_bf16=true", "rollout.vllm_dtype=float32"]
+        None, ["model.autocast_bf16=false", "rollout.autocast_bf16=true", "rollout.vllm.dtype=float32"]
     )
-    assert (c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm_dtype) == (False, True, "float32")
+    assert (c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm.dtype) == (False, True, "float32")
 
 
 @pytest.mark.parametrize(
@@ -170,8 +170,8 @@ def test_config_defaults_are_auto_and_accept_explicit_values():
         ("model.autocast_bf16=fast", "model.autocast_bf16: expected true, false or auto, got 'fast'"),
         ("rollout.autocast_bf16=bf16", "rollout.autocast_bf16: expected true, false or auto, got 'bf16'"),
         (
-            "rollout.vllm_dtype=half",
-            "rollout.vllm_dtype: expected auto, bfloat16, float16 or float32, got 'half'",
+            "rollout.vllm.dtype=half",
+            "rollout.vllm.dtype: expected auto, bfloat16, float16 or float32, got 'half'",
         ),
     ],
 )
@@ -184,7 +184,7 @@ def test_presets_leave_precision_to_the_hardware_except_the_gpu_preset():
     for name in list_presets():
         c = load_config(name)
         assert validate(c) == []
-        settings = (c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm_dtype)
+        settings = (c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm.dtype)
         if name == "tepo_paper_qwen7b":  # a GPU preset: bf16 on purpose
             assert c.model.autocast_bf16 is True
         else:
@@ -207,14 +207,14 @@ def test_a_run_on_a_cpu_without_native_bf16_resolves_to_float32(zen3, tmp_path):
 
     resolved = resolve_run_precision(load_config(None), "cpu")
     c = resolved.config
-    assert (c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm_dtype) == (False, False, "float32")
+    assert (c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm.dtype) == (False, False, "float32")
     assert resolved.warnings == []
     # The run directory records it: config.yaml's values (with the reason above them) and precision.json.
     _save_run_config(c, tmp_path, resolved.precision)
     text = (tmp_path / "config.yaml").read_text()
     assert text.startswith("# precision: update float32") and "AMD EPYC 7B13 lacks" in text
     again = load_config(str(tmp_path / "config.yaml"))
-    assert (again.model.autocast_bf16, again.rollout.vllm_dtype) == (False, "float32")
+    assert (again.model.autocast_bf16, again.rollout.vllm.dtype) == (False, "float32")
     assert read_run_precision(tmp_path)["hardware"] == "AMD EPYC 7B13"
 
 
@@ -223,7 +223,7 @@ def test_a_resumed_run_keeps_its_precision_and_says_when_it_is_slow_here(zen3, t
 
     # Started with bf16 on a Zen 4 (recorded), resumed on the Zen 3.
     started = load_config(
-        None, ["model.autocast_bf16=true", "rollout.autocast_bf16=true", "rollout.vllm_dtype=bfloat16"]
+        None, ["model.autocast_bf16=true", "rollout.autocast_bf16=true", "rollout.vllm.dtype=bfloat16"]
     )
     recorded = {"hardware": "AMD EPYC 9B14", "reason": "auto: CPU AMD EPYC 9B14 has avx512_bf16: native bf16"}
     resumed = resolve_run_precision(started, "cpu", recorded=recorded)
@@ -264,7 +264,7 @@ def test_eval_dtype_auto_asks_precision(monkeypatch, capsys):
     assert "precision: bfloat16 weights (faked" in capsys.readouterr().err
 
 
-PRECISION_NAMES = {"autocast_bf16", "vllm_dtype", "dtype", "bf16"}
+PRECISION_NAMES = {"autocast_bf16", "vllm_dtype", "vllm.dtype", "dtype", "bf16"}
 # Literal defaults that choose no precision: "auto"/None ask tepo.precision; float32 is the weights' dtype of
 # tepo's float32-master-weights design (model.dtype), not an autocast/engine choice.
 NEUTRAL = {"auto", None, "float32", False}
@@ -314,7 +314,7 @@ def _literal_defaults(path: Path):
         elif isinstance(node, ast.Constant) and isinstance(
             node.value, str
         ):  # a dotted override "x.autocast_bf16=true"
-            for name in ("autocast_bf16", "vllm_dtype"):
+            for name in ("autocast_bf16", "vllm_dtype", "vllm.dtype"):
                 head, sep, value = node.value.partition(f"{name}=")
                 if sep and value and head.endswith(".") and " " not in head:  # value "": an f-string's field
                     yield "override", name, {"true": True, "false": False}.get(value, value)
@@ -350,7 +350,7 @@ def test_tepo_env_reports_versions_hardware_and_picks(capsys):
     assert report["cpu"]["native_bf16"] is cpu_info().native_bf16
     picks = report["picks"]["precision=auto"]
     assert picks["model.autocast_bf16"] is cpu_info().native_bf16
-    assert picks["rollout.vllm_dtype"] == ("bfloat16" if cpu_info().native_bf16 else "float32")
+    assert picks["rollout.vllm.dtype"] == ("bfloat16" if cpu_info().native_bf16 else "float32")
     assert report["picks"]["rollout.backend=auto"]["backend"] in ("vllm", "hf")
     assert main(["env"]) == 0
     text = capsys.readouterr().out

@@ -75,6 +75,6 @@ def gpu_share_note(device: torch.device, engine_share: float) -> str:
     total = torch.cuda.get_device_properties(device).total_memory / 2**30
     return (
         f"vLLM and the trainer share {device} ({total:.0f} GiB): the engine may take "
-        f"rollout.vllm_gpu_memory_utilization={engine_share:g} ({engine_share * total:.1f} GiB), the trainer keeps "
+        f"rollout.vllm.gpu_memory_utilization={engine_share:g} ({engine_share * total:.1f} GiB), the trainer keeps "
         f"{(1 - engine_share) * total:.1f} GiB"
     )

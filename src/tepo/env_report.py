@@ -137,7 +137,7 @@ def collect(*, bench: bool = False) -> dict:
             "precision=auto": {
                 "model.autocast_bf16": precision.model_autocast_bf16,
                 "rollout.autocast_bf16": precision.rollout_autocast_bf16,
-                "rollout.vllm_dtype": precision.vllm_dtype,
+                "rollout.vllm.dtype": precision.vllm_dtype,
                 "why": precision.reason,
             },
             "tepo eval --dtype auto": dict(zip(("dtype", "why"), evaluation_dtype(device))),

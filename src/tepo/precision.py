@@ -1,7 +1,7 @@
 """Which precision a run computes in, chosen from the hardware: the one place that decides.
 
 Three settings choose a precision (``model.autocast_bf16``: the trainer's log-prob passes; ``rollout.autocast_bf16``:
-HF generate; ``rollout.vllm_dtype``: the vLLM engine's weights). Each accepts ``auto``, the default: bf16 where
+HF generate; ``rollout.vllm.dtype``: the vLLM engine's weights). Each accepts ``auto``, the default: bf16 where
 the hardware computes it natively, float32 elsewhere. An explicit value wins.
 
 Why it matters: bf16 on a CPU without bf16 instructions is emulated by oneDNN. Measured on a 2-core AMD EPYC Zen 3
@@ -178,7 +178,7 @@ def resolve_precision(model_autocast_bf16, rollout_autocast_bf16, vllm_dtype, de
         rollout, rollout_auto = standalone_generate_autocast(device, cpu=cpu), True
     else:
         rollout, rollout_auto = choose("rollout.autocast_bf16", rollout_autocast_bf16, True, False)
-    engine, engine_auto = choose("rollout.vllm_dtype", vllm_dtype, "bfloat16", "float32")
+    engine, engine_auto = choose("rollout.vllm.dtype", vllm_dtype, "bfloat16", "float32")
     explicit = [n for n, a in (("update", model_auto), ("HF", rollout_auto), ("vLLM", engine_auto)) if not a]
     reason = "auto: " + support.reason
     if explicit:

@@ -471,7 +471,11 @@ def test_a_started_run_with_resolved_precision_matches_its_auto_plan(tmp_path):
     resolved = dataclasses.replace(
         spec.config,
         model=dataclasses.replace(spec.config.model, autocast_bf16=False),
-        rollout=dataclasses.replace(spec.config.rollout, autocast_bf16=False, vllm_dtype="float32"),
+        rollout=dataclasses.replace(
+            spec.config.rollout,
+            autocast_bf16=False,
+            vllm=dataclasses.replace(spec.config.rollout.vllm, dtype="float32"),
+        ),
     )
     spec.run_dir.mkdir(parents=True)
     save_config(resolved, spec.run_dir / "config.yaml")

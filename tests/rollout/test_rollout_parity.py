@@ -1,4 +1,4 @@
-"""The parity guard (rollout.parity_check) on the real vLLM engine: a sync that leaves the engine on old weights
+"""The parity guard (rollout.parity.check) on the real vLLM engine: a sync that leaves the engine on old weights
 stops the run, even when it missed a single small update; a correct sync passes. LoRA adapters exercise the
 merged-weights export as well."""
 
@@ -38,7 +38,7 @@ def test_guard_stops_a_stale_engine_and_passes_a_synced_one(monkeypatch, lora):
     if lora:
         model = apply_lora(model, LoraConfig(rank=8, alpha=16.0))
     with VLLMRollout(model, tokenizer, python=python, dtype="bfloat16", kv_cache_gb=0.25) as rollout:
-        max_gap = RolloutConfig().parity_max_gap
+        max_gap = RolloutConfig().parity.max_gap
         rollout.parity_guard = ParityGuard(max_gap)
         fresh = rollout.parity_guard.check(rollout)
         assert fresh.gap < max_gap  # the bf16 engine against the weights it was sent
@@ -82,22 +82,22 @@ def test_a_lora_training_run_with_vllm_passes_the_guard_at_every_sync(tmp_path, 
     # Synced (and checked) before steps 2 and 3; eval.size=0 leaves no final evaluation to sync for.
     assert trainer.rollout.sync_count == 2
     assert guard.checks == 2
-    assert guard.last_gap < config.rollout.parity_max_gap
+    assert guard.last_gap < config.rollout.parity.max_gap
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert "parity_gap" not in rows[0]  # step 1 sampled from the weights the engine started with
-    assert rows[1]["parity_gap"] < config.rollout.parity_max_gap and "parity_share" not in rows[1]
+    assert rows[1]["parity_gap"] < config.rollout.parity.max_gap and "parity_share" not in rows[1]
     # Step 3's check compares with step 2's: the sent weights changed, the engine's scores changed with them (not
     # frozen), and where the move is large enough for the share test, the engine followed it.
     third = rows[2]
     assert third["parity_shift"] > 0 and third["parity_frozen"] == 0
-    assert not third["parity_decided"] or third["parity_share"] >= config.rollout.parity_min_share
+    assert not third["parity_decided"] or third["parity_share"] >= config.rollout.parity.min_share
 
 
 # LoRA's variant is opt-in (-m slow): the default suite keeps full fine-tuning's (one real-engine run, ~40 s).
 @pytest.mark.parametrize("lora", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_one_skipped_sync_stops_the_run_at_the_first_check_after_it(tmp_path, lora):
     """The engine misses exactly one reload (before step 3) and samples weights one update old: the gap to the
-    trainer stays far below parity_max_gap (the gross check passes it), and the frozen-engine test stops the run at that
+    trainer stays far below rollout.parity.max_gap (the gross check passes it), and the frozen-engine test stops the run at that
     very sync: the engine's scores of the probe are bit-identical to the last check's while the sent weights
     changed. The lr makes sure one update changes the bf16 weights (at 2e-5 the first updates leave every bf16
     weight as it was, and then there is nothing stale to see)."""
@@ -126,7 +126,7 @@ def test_one_skipped_sync_stops_the_run_at_the_first_check_after_it(tmp_path, lo
     guard = trainer.rollout.parity_guard
     assert len(reloads) == 2 and guard.checks == 2  # stopped at the check of the skipped sync, not later
     assert guard.last.frozen and guard.last.share == 0.0  # the engine's log-probs did not move at all
-    assert guard.last.gap < config.rollout.parity_max_gap  # what the gap-only guard could not see
+    assert guard.last.gap < config.rollout.parity.max_gap  # what the gap-only guard could not see
 
 
 @pytest.mark.slow  # two real-engine runs with checkpoints: about 140 s on 2 CPU cores

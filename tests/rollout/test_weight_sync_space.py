@@ -13,7 +13,7 @@ import torch
 
 from helpers import tiny_llama
 from tepo.rollout import vllm
-from tepo.rollout.vllm import choose_weights_root, weights_bytes
+from tepo.rollout.weight_sync import choose_weights_root, weights_bytes
 
 
 def _free(monkeypatch, free_bytes):

@@ -330,7 +330,7 @@ def _tepo(args: list[str], log: Path) -> subprocess.Popen:
 # same weights give the same tokens, so the resumed run is bit-identical too.
 BACKENDS = {
     "hf": ["rollout.backend=hf"],
-    "vllm": ["rollout.backend=vllm", "rollout.vllm_dtype=float32"],
+    "vllm": ["rollout.backend=vllm", "rollout.vllm.dtype=float32"],
 }
 
 

@@ -26,7 +26,7 @@ def test_async_run_samples_one_step_behind_and_resumes_without_losing_a_step(tmp
         [
             f"train.output_dir={tmp_path}",
             "rollout.backend=vllm",
-            f"rollout.vllm_python={python}",
+            f"rollout.vllm.python={python}",
             "rollout.async_steps=1",
             "train.steps=3",
             f"train.prompts_per_step={prompts}",

@@ -41,6 +41,7 @@ partial metrics are moved aside and it restarts from step 0, reusing its ``eval_
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -149,12 +150,19 @@ def parse_methods(text: str) -> list[str]:
 
 
 def _flat(config: RunConfig) -> dict:
-    """``{"section.key": value}``; dict-valued options (``loss_options``) stay whole."""
-    return {
-        f"{section}.{key}": value
-        for section, fields in config.to_dict().items()
-        for key, value in fields.items()
-    }
+    """``{"section.key": value}``, sub-sections flattened too (``rollout.vllm.dtype``, ``model.lora.rank``);
+    dict-valued options (``loss_options``) stay whole."""
+    flat: dict = {}
+
+    def walk(node, values: dict, prefix: str) -> None:
+        for key, value in values.items():
+            if dataclasses.is_dataclass(getattr(node, key)):
+                walk(getattr(node, key), value, f"{prefix}{key}.")
+            else:
+                flat[prefix + key] = value
+
+    walk(config, config.to_dict(), "")
+    return flat
 
 
 def _override(key: str, value) -> str:
@@ -303,7 +311,7 @@ def run_state(run_dir: Path) -> str:
 
 # Precision "auto" resolves when a run starts (tepo.precision) and the run directory keeps the value it resolved
 # to: a planned "auto" matches whatever a started run recorded (the table shows each run's precision).
-_PRECISION_KEYS = ("model.autocast_bf16", "rollout.autocast_bf16", "rollout.vllm_dtype")
+_PRECISION_KEYS = ("model.autocast_bf16", "rollout.autocast_bf16", "rollout.vllm.dtype")
 
 
 def _config_differences(saved: RunConfig, planned: RunConfig) -> list[str]:

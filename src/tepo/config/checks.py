@@ -38,7 +38,7 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(
             f"train.micro_batch_tokens: must be an int >= 1 or null, got {c.train.micro_batch_tokens!r}"
         )
-    errors += config_precision_errors(c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm_dtype)
+    errors += config_precision_errors(c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm.dtype)
     if c.rollout.temperature <= 0:
         errors.append(f"rollout.temperature: must be > 0, got {c.rollout.temperature}")
     if not 0 < c.rollout.top_p <= 1:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from tepo.config.checks import validate
-from tepo.config.schema import DEFAULT_PRESET, ConfigError, RunConfig
+from tepo.config.schema import DEFAULT_PRESET, ROLLOUT_FLAT_KEYS, ConfigError, RunConfig
 
 
 def list_presets() -> list[str]:
@@ -62,15 +62,18 @@ def _deep_merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def _load_with_bases(source: str, seen: tuple = ()) -> tuple[dict, str]:
-    """A preset may name another with ``base: NAME``; the base is loaded first and this file merged over it."""
+def _load_with_bases(source: str, notes: list[str], errors: list[str], seen: tuple = ()) -> tuple[dict, str]:
+    """A preset may name another with ``base: NAME``; the base is loaded first and this file merged over it.
+    Renamed keys are read in each file before the merge (:func:`_renamed`), so a file's new name beats its base's
+    old one."""
     data, where = _read_yaml(source)
     base = data.pop("base", None)
+    data = _renamed(data, notes, errors, where)
     if base is None:
         return data, where
     if base in seen:
         raise ConfigError(f"{where}: circular base {base!r}")
-    base_data, _ = _load_with_bases(str(base), (*seen, base))
+    base_data, _ = _load_with_bases(str(base), notes, errors, (*seen, base))
     return _deep_merge(base_data, data), where
 
 
@@ -100,13 +103,12 @@ def parse_overrides(overrides: list[str]) -> dict:
 
 def load_config(source: str | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Build and validate a config from a preset/file (default: built-in defaults) plus dotted overrides."""
-    data, where = _load_with_bases(source or DEFAULT_PRESET)
     notes: list[str] = []
-    # Renamed keys are read per layer, so an override of either name beats the file's value of either name.
-    data = _deep_merge(
-        _renamed(data, notes, where), _renamed(parse_overrides(overrides or []), notes, "the overrides")
-    )
     errors: list[str] = []
+    # Renamed keys are read per layer (each file, the overrides), so an override of either name beats the file's
+    # value of either name.
+    data, where = _load_with_bases(source or DEFAULT_PRESET, notes, errors)
+    data = _deep_merge(data, _renamed(parse_overrides(overrides or []), notes, errors, "the overrides"))
     config = _build(RunConfig, data, "", errors, where)
     errors.extend(validate(config))  # fields that failed to parse kept their defaults: no spurious messages
     if errors:
@@ -115,32 +117,66 @@ def load_config(source: str | None = None, overrides: list[str] | None = None) -
     return config
 
 
-# Deprecated key -> its new name. The old name is still read (one note each time) so that presets and the
-# config.yaml of existing run directories keep working.
-RENAMED_KEYS = {("train", "keep_checkpoints"): "keep_last"}
+# Deprecated key -> its new name, both dotted. The old name is still read so that presets, command lines and the
+# config.yaml of existing run directories keep working: one note per file or command line that uses old names
+# (naming each old key and its new one), and an error where one of them gives an old key and its new one with
+# different values.
+RENAMED_KEYS = {
+    "train.keep_checkpoints": "train.keep_last",
+    **{f"rollout.{old}": "rollout." + ".".join(new) for old, new in ROLLOUT_FLAT_KEYS.items()},
+}
+
+_MISSING = object()
 
 
-def _renamed(data: dict, notes: list[str], where: str) -> dict:
-    """``data`` with each deprecated key moved to its new name; where one layer gives both, the new one wins."""
-    out = dict(data)
-    for (section, old), new in RENAMED_KEYS.items():
-        node = out.get(section)
-        if not isinstance(node, dict) or old not in node:
+def _renamed(data: dict, notes: list[str], errors: list[str], where: str) -> dict:
+    """``data`` (one layer: a file or the overrides) with each deprecated key moved to its new place."""
+    out = _copy_sections(data)
+    moved = []
+    for old, new in RENAMED_KEYS.items():
+        *old_parents, old_key = old.split(".")
+        parent = _node(out, old_parents)
+        if parent is None or old_key not in parent:
             continue
-        node = dict(node)
-        value = node.pop(old)
-        if new in node:
-            notes.append(
-                f"{section}.{old} in {where} is deprecated and was ignored there: {section}.{new} is also set"
+        *new_parents, new_key = new.split(".")
+        target = _node(out, new_parents, create=True)
+        if target is None:  # the new key's section is given as something other than a mapping: _build says so
+            continue
+        value = parent.pop(old_key)
+        given = target.get(new_key, _MISSING)
+        if given is not _MISSING and given != value:
+            errors.append(
+                f"{old} and {new} in {where} differ ({value!r} and {given!r}): {old} is the deprecated name of "
+                f"{new}; give only {new}"
             )
-        else:
-            node[new] = value
-            notes.append(
-                f"{section}.{old} in {where} is deprecated: rename it {section}.{new} (read as {section}.{new}="
-                f"{value!r} there)"
-            )
-        out[section] = node
+            continue
+        target[new_key] = value
+        moved.append((old, new, value))
+    if len(moved) == 1:
+        old, new, value = moved[0]
+        notes.append(f"{old} in {where} is deprecated: rename it {new} (read as {new}={value!r} there)")
+    elif moved:
+        pairs = ", ".join(f"{old} -> {new}" for old, new, _ in moved)
+        notes.append(f"deprecated key names in {where}, read under their new names: {pairs}")
     return out
+
+
+def _copy_sections(data: dict) -> dict:
+    """A copy of ``data`` whose nested mappings may be changed without touching the caller's."""
+    return {k: _copy_sections(v) if isinstance(v, dict) else v for k, v in data.items()}
+
+
+def _node(data: dict, path: list[str], *, create: bool = False) -> dict | None:
+    """The mapping at ``path`` in ``data`` (made where missing if ``create``); None where something else is."""
+    node = data
+    for part in path:
+        child = node.get(part)
+        if child is None and create and part not in node:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            return None
+        node = child
+    return node
 
 
 def _build(cls, data: Any, prefix: str, errors: list[str], where: str):

@@ -61,6 +61,62 @@ class DataConfig:
 
 
 @dataclass
+class HfRolloutConfig:
+    """``rollout.hf``: the keys of the ``hf`` backend (transformers generate on the trainer's own model)."""
+
+    max_batch_size: int | None = None  # rows per generate call (None: all rows at once)
+
+
+@dataclass
+class VllmConfig:
+    """``rollout.vllm``: the keys of the ``vllm`` backend (a vLLM engine in a server process, tepo.rollout.vllm)."""
+
+    # Its interpreter (None: this one if it has vllm, else .venv-vllm/bin/python from scripts/install_vllm_cpu.sh).
+    python: str | None = None
+    # Its weights' dtype (auto: bfloat16 where the hardware computes bf16 natively, else float32; tepo.precision).
+    dtype: str = "auto"
+    # Its KV-cache budget in GiB on the CPU (None: vLLM sizes it). 0.25 holds ~11k tokens of the embedded model;
+    # raise it for larger models or long responses. On CUDA the cache comes from gpu_memory_utilization instead.
+    kv_cache_gb: float | None = 0.25
+    # On a CUDA run: the share of the GPU's memory the engine may take (weights, activations, its KV cache); the
+    # trainer keeps the rest (both printed at start). 0.3 leaves a 0.5B model's full fine-tuning 70% of the GPU.
+    gpu_memory_utilization: float = 0.3
+    # Prompt + response tokens the engine accepts (None: min(model's, 4096)).
+    max_model_len: int | None = None
+
+
+@dataclass
+class ParityConfig:
+    """``rollout.parity``: the guard that checks the engine samples the trained weights (tepo.rollout.parity).
+
+    After each weight sync of the vllm backend, the engine and the trainer score a fixed probe: the run stops if
+    they differ by more than ``max_gap`` per token on average (a grossly wrong engine), or if the engine followed
+    less than ``min_share`` of the last update's move of the probe, whenever that move is at least ``min_shift``
+    (rms log-prob per token; smaller moves are counted as undecided, not stopped)."""
+
+    check: bool = True
+    # A correct bf16 sync measures 0.03-0.04 per token against the weights it was sent: 0.5 stops only grossly
+    # wrong engines (a broken export, a different model).
+    max_gap: float = 0.5
+    # A correct engine's share strayed from 1 by up to ~0.025 / shift on the embedded model (LoRA and full
+    # fine-tuning, benchmarks/calibrate_parity.py, docs/performance.md "Parity guard"): at 0.08 that is >= 0.68.
+    # Independently of it, an engine whose scores did not change at all while the sent weights did is stopped at
+    # once (the frozen-engine test).
+    min_shift: float = 0.08
+    min_share: float = 0.5
+
+
+# The flat names these keys had before they moved into rollout.hf / rollout.vllm / rollout.parity (2026-12-05):
+# still read from configs (tepo.config.loading.RENAMED_KEYS) and, read-only, as attributes of RolloutConfig.
+ROLLOUT_FLAT_KEYS = {
+    "hf_max_batch_size": ("hf", "max_batch_size"),
+    **{f"vllm_{key}": ("vllm", key) for key in ("python", "dtype", "kv_cache_gb", "gpu_memory_utilization")},
+    "vllm_max_model_len": ("vllm", "max_model_len"),
+    **{f"parity_{key}": ("parity", key) for key in ("check", "max_gap", "min_shift", "min_share")},
+}
+
+
+@dataclass
 class RolloutConfig:
     # A name from tepo.rollout.registry (hf, vllm), or auto: the best one available here (vllm where installed).
     backend: str = "auto"
@@ -68,43 +124,24 @@ class RolloutConfig:
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
-    # hf backend: generate under bf16 autocast (the numerics the bf16-autocast update scores with). auto: on where
-    # the hardware computes bf16 natively (tepo.precision), as model.autocast_bf16; None: HF generate's standalone
-    # default (float32 on the CPU, as tepo eval generates).
-    # hf_max_batch_size: rows per generate call (None: all rows at once).
+    # hf backend (and tepo eval's generation): generate under bf16 autocast (the numerics the bf16-autocast update
+    # scores with). auto: on where the hardware computes bf16 natively (tepo.precision), as model.autocast_bf16;
+    # None: HF generate's standalone default (float32 on the CPU, as tepo eval generates).
     autocast_bf16: bool | str | None = "auto"
-    hf_max_batch_size: int | None = None
-    # backend "vllm" (a vLLM engine in a server process, tepo.rollout.vllm): its interpreter (None: this one if it
-    # has vllm, else .venv-vllm/bin/python from scripts/install_vllm_cpu.sh), its weights' dtype (auto: bfloat16
-    # where the hardware computes bf16 natively, else float32; tepo.precision), and its KV-cache
-    # budget in GiB (0.25 holds ~11k tokens of the embedded model; raise it for larger models or long responses).
-    vllm_python: str | None = None
-    vllm_dtype: str = "auto"
-    vllm_kv_cache_gb: float | None = (
-        0.25  # CPU only (None: vLLM sizes it); on CUDA from vllm_gpu_memory_utilization
-    )
-    # On a CUDA run: the share of the GPU's memory the engine may take (weights, activations, its KV cache); the
-    # trainer keeps the rest (both printed at start). 0.3 leaves a 0.5B model's full fine-tuning 70% of the GPU.
-    vllm_gpu_memory_utilization: float = 0.3
-    # Prompt + response tokens the engine accepts (None: min(model's, 4096)).
-    vllm_max_model_len: int | None = None
     # 0: sample, then update (on-policy up to the engine's numerics). 1: sample step k+1's batch in the background
     # while step k's update runs (one policy version behind; needs an engine in a process of its own, vllm).
     async_steps: int = 0
-    # vllm backend: after each weight sync, the engine and the trainer score a fixed probe (tepo.rollout.parity):
-    # the run stops if they differ by more than parity_max_gap per token on average (a grossly wrong engine), or
-    # if the engine followed less than parity_min_share of the last update's move of the probe, whenever that move
-    # is at least parity_min_shift (rms log-prob per token; smaller moves are counted as undecided, not stopped).
-    parity_check: bool = True
-    # A correct bf16 sync measures 0.03-0.04 per token against the weights it was sent: 0.5 stops only grossly
-    # wrong engines (a broken export, a different model).
-    parity_max_gap: float = 0.5
-    # A correct engine's share strayed from 1 by up to ~0.025 / shift on the embedded model (LoRA and full
-    # fine-tuning, benchmarks/calibrate_parity.py, docs/performance.md "Parity guard"): at 0.08 that is >= 0.68.
-    # Independently of it, an engine whose scores did not change at all while the sent weights did is stopped at
-    # once (the frozen-engine test).
-    parity_min_shift: float = 0.08
-    parity_min_share: float = 0.5
+    hf: HfRolloutConfig = field(default_factory=HfRolloutConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
+    parity: ParityConfig = field(default_factory=ParityConfig)
+
+    def __getattr__(self, name: str):
+        """Deprecated, read-only: the old flat names (``rollout_config.vllm_dtype``) for code written before the
+        keys moved into ``hf`` / ``vllm`` / ``parity``."""
+        if name in ROLLOUT_FLAT_KEYS:
+            section, key = ROLLOUT_FLAT_KEYS[name]
+            return getattr(getattr(self, section), key)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass

@@ -262,7 +262,7 @@ def run_eval(args) -> int:
     output_dir = None
     try:
         tasks = build_tasks(args)  # data problems surface before the model loads
-        from tepo.config import RolloutConfig
+        from tepo.config import HfRolloutConfig, RolloutConfig, VllmConfig
         from tepo.evaluate.loading import describe_model, load_eval_model
         from tepo.evaluate.runner import evaluate_benchmarks, results_table
         from tepo.rollout import make_rollout_from_config
@@ -282,10 +282,10 @@ def run_eval(args) -> int:
             # HF generate runs the model as loaded (--dtype), with tepo.precision's standalone autocast default
             # (off on the CPU, on where a GPU computes bf16 natively).
             autocast_bf16=None,
-            hf_max_batch_size=args.max_rows,
+            hf=HfRolloutConfig(max_batch_size=args.max_rows),
             # A vLLM engine computes in the model's --dtype too (float32 on CPU unless --dtype bfloat16, which
             # vLLM's CPU build runs about 2x faster).
-            vllm_dtype=str(dtype).removeprefix("torch."),
+            vllm=VllmConfig(dtype=str(dtype).removeprefix("torch.")),
         )
         output_dir.mkdir(parents=True, exist_ok=True)
         backend = make_rollout_from_config(

@@ -56,7 +56,7 @@ class HFRollout:
             model,
             tokenizer,
             autocast_bf16=autocast,  # None: the standalone default (tepo eval)
-            max_batch_size=rollout_config.hf_max_batch_size,
+            max_batch_size=rollout_config.hf.max_batch_size,
         )
 
     @classmethod
@@ -68,9 +68,9 @@ class HFRollout:
     @classmethod
     def config_errors(cls, rollout_config) -> list[str]:
         """Problems with this backend's keys of ``rollout`` (one message each)."""
-        rows = rollout_config.hf_max_batch_size
+        rows = rollout_config.hf.max_batch_size
         if rows is not None and (isinstance(rows, bool) or rows < 1):
-            return [f"rollout.hf_max_batch_size: must be >= 1 (or null for all rows at once), got {rows}"]
+            return [f"rollout.hf.max_batch_size: must be >= 1 (or null for all rows at once), got {rows}"]
         return []
 
     def __init__(
@@ -304,7 +304,9 @@ class _GatherSampled:
 
     def __call__(self, input_ids: Tensor, scores, **kwargs) -> Tensor:
         held, self.owner._scores = self.owner._scores, None
-        self.owner._columns.append(torch.log_softmax(held.float(), -1).gather(1, input_ids[:, -1:]).squeeze(1))
+        self.owner._columns.append(
+            torch.log_softmax(held.float(), -1).gather(1, input_ids[:, -1:]).squeeze(1)
+        )
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
 

