@@ -12,7 +12,7 @@ change in the machine's load hits both precisions alike; medians over ``--rounds
 - HF generate (``tepo.rollout.HFRollout``), ``--prompts`` x ``--samples`` x ``--new-tokens``: float32 against bf16
   autocast (``rollout.autocast_bf16``); tokens/s = generated tokens / generation seconds;
 - vLLM's CPU build (``tepo.rollout.VLLMRollout``, where ``.venv-vllm`` is installed), the same workload: float32
-  against bfloat16 weights (``rollout.vllm_dtype``); engine start-up is not counted.
+  against bfloat16 weights (``rollout.vllm.dtype``); engine start-up is not counted.
 
 Printed: the CPU model and the flags that decide, what ``auto`` picks here (``tepo.precision``) and, per part,
 which precision was faster and whether ``auto`` chose it. ``--out DIR`` writes ``DIR/<cpu-kind>.md`` (the table and
@@ -136,7 +136,7 @@ def table(results: dict, picks: dict) -> str:
     for part, label, setting in (
         ("forward_backward", "forward+backward (update)", "model.autocast_bf16"),
         ("hf_generate", "HF generate", "rollout.autocast_bf16"),
-        ("vllm_generate", "vLLM generate", "rollout.vllm_dtype"),
+        ("vllm_generate", "vLLM generate", "rollout.vllm.dtype"),
     ):
         r = results.get(part)
         if r is None:
@@ -167,6 +167,7 @@ def main(argv=None) -> None:
 
     import torch
 
+    from tepo.config import RolloutConfig
     from tepo.precision import resolve_precision
     from tepo.rollout.registry import rollout_backend_class
 
@@ -175,7 +176,7 @@ def main(argv=None) -> None:
     picks = {
         "model.autocast_bf16": precision.model_autocast_bf16,
         "rollout.autocast_bf16": precision.rollout_autocast_bf16,
-        "rollout.vllm_dtype": precision.vllm_dtype,
+        "rollout.vllm.dtype": precision.vllm_dtype,
     }
     print(precision_line(machine), flush=True)
     print(
@@ -197,7 +198,7 @@ def main(argv=None) -> None:
         f"  float32 {results['hf_generate']['float32']:.0f} tok/s, bf16 {results['hf_generate']['bf16']:.0f} tok/s",
         flush=True,
     )
-    vllm_ok, why = rollout_backend_class("vllm").availability(type("R", (), {"vllm_python": None})())
+    vllm_ok, why = rollout_backend_class("vllm").availability(RolloutConfig())
     if args.skip_vllm or not vllm_ok:
         print(f"vLLM: skipped ({'--skip-vllm' if args.skip_vllm else why})", flush=True)
     else:

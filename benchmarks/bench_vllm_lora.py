@@ -69,7 +69,7 @@ RANK = 16
 ALPHA = 16.0
 REF_TOKENS = 32  # greedy continuation length of the correctness check
 TOP_LOGPROBS = 20  # vLLM's default max_logprobs
-KV_CACHE_BYTES = 256 * 2**20  # tepo's default rollout.vllm_kv_cache_gb = 0.25
+KV_CACHE_BYTES = 256 * 2**20  # tepo's default rollout.vllm.kv_cache_gb = 0.25
 PROMPTS = [
     "What is 17 times 23? Think step by step.",
     "Write a haiku about the sea.",

@@ -9,7 +9,7 @@ Each variant trains the embedded model with the default preset (full fine-tuning
 records the guard's reading of the correct engine (gap, the update's shift of the probe, the engine's share of it,
 the residual) and, from the engine's scores of the probe taken just *before* its reload, the reading a sync
 skipped on purpose would have given (the engine still on the previous weights): ``stale_*``. A threshold pair
-(``parity_min_shift``, ``parity_min_share``) is sound when no correct check is stopped and every decided stale
+(``rollout.parity.min_shift``, ``rollout.parity.min_share``) is sound when no correct check is stopped and every decided stale
 check is. Writes ``<variant>.jsonl`` (one line a check) and ``table.md`` under ``--out``, and prints the table.
 The machine should be otherwise idle only for the timings, which are not reported; the readings do not depend on
 load.
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reuse", action="store_true", help="summarize existing <variant>.jsonl files only")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    defaults = RolloutConfig()
+    defaults = RolloutConfig().parity
     summaries = []
     for name in args.variants.split(","):
         preset, extra = VARIANTS[name]
@@ -149,15 +149,11 @@ def main(argv=None) -> int:
             finally:
                 restore()
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        summaries.append(
-            summarize(
-                name, rows, defaults.parity_min_shift, defaults.parity_min_share, defaults.parity_max_gap
-            )
-        )
+        summaries.append(summarize(name, rows, defaults.min_shift, defaults.min_share, defaults.max_gap))
     text = (
-        f"Parity guard calibration: {args.steps} steps a variant, thresholds parity_min_shift="
-        f"{defaults.parity_min_shift}, parity_min_share={defaults.parity_min_share}, parity_max_gap="
-        f"{defaults.parity_max_gap} (regenerate: benchmarks/calibrate_parity.py --reuse --out {args.out})\n\n"
+        f"Parity guard calibration: {args.steps} steps a variant, thresholds rollout.parity.min_shift="
+        f"{defaults.min_shift}, min_share={defaults.min_share}, max_gap="
+        f"{defaults.max_gap} (regenerate: benchmarks/calibrate_parity.py --reuse --out {args.out})\n\n"
         + table(summaries)
         + "\n"
     )

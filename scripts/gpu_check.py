@@ -279,7 +279,7 @@ def vllm_run(common: list[str], out: Path, work: Path, say, check) -> None:
         say(f"\nvLLM: not run ({err})")
         return
     tepo_train(
-        [*common, "rollout.backend=vllm", f"rollout.vllm_python={python}", "train.run_name=vllm"],
+        [*common, "rollout.backend=vllm", f"rollout.vllm.python={python}", "train.run_name=vllm"],
         out / "vllm.log",
     )
     rows = rows_of(work / "runs" / "vllm")
