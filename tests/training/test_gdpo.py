@@ -12,8 +12,11 @@ import time
 
 import pytest
 import torch
-from test_training_phases import _CharTokenizer, _problems, _ScriptedRollout, _settings
 
+from scripted_collect import CharTokenizer as _CharTokenizer
+from scripted_collect import ScriptedRollout as _ScriptedRollout
+from scripted_collect import problems as _problems
+from scripted_collect import sampler_settings as _settings
 from tepo.advantages import compute_advantages
 from tepo.config import ConfigError, load_config
 from tepo.data import PromptStream

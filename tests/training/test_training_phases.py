@@ -7,11 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from scripted_collect import CharTokenizer as _CharTokenizer
+from scripted_collect import ScriptedRollout as _ScriptedRollout
+from scripted_collect import problems as _problems
+from scripted_collect import sampler_settings as _settings
 from tepo.batch import concat_rollouts, select_rollout_rows, trim_columns
-from tepo.data import Problem, PromptStream
+from tepo.data import PromptStream
 from tepo.rewards import MathRewardPool
 from tepo.rollout.base import RolloutBatch
-from tepo.training.collect import OverlongShaping, SamplerSettings, collect_rollouts
+from tepo.training.collect import OverlongShaping, collect_rollouts
 from tepo.training.update import minibatch_rows
 
 # --------------------------------------------------------------------------------------------------------------
@@ -54,53 +58,6 @@ def test_several_epochs_shuffle_whole_groups_once_per_epoch():
 # --------------------------------------------------------------------------------------------------------------
 
 
-class _CharTokenizer:
-    chat_template = None
-
-    def __call__(self, text, add_special_tokens=False):
-        return {"input_ids": [ord(ch) % 50 + 1 for ch in text[:6]]}
-
-
-class _ScriptedRollout:
-    """Returns, call by call, the scripted response texts (one list of N texts per call)."""
-
-    pad_token_id = 0
-
-    def __init__(self, script: list[list[str]]):
-        self.script = list(script)
-        self.seeds: list[int] = []
-
-    def generate(self, prompt_ids, *, num_samples, max_new_tokens, temperature, top_p, seed, **_):
-        texts = self.script.pop(0)
-        n = len(prompt_ids) * num_samples
-        assert len(texts) == n
-        self.seeds.append(seed)
-        width_p = max(len(p) for p in prompt_ids)
-        lengths = [1 + i % 3 for i in range(n)]
-        t = max(lengths)
-        ids = torch.zeros(n, width_p + t, dtype=torch.long)
-        att = torch.zeros_like(ids)
-        rmask = torch.zeros(n, t)
-        for row in range(n):
-            prompt = prompt_ids[row // num_samples]
-            ids[row, width_p - len(prompt) : width_p] = torch.tensor(prompt)
-            att[row, width_p - len(prompt) : width_p] = 1
-            ids[row, width_p : width_p + lengths[row]] = 7 + row
-            att[row, width_p : width_p + lengths[row]] = 1
-            rmask[row, : lengths[row]] = 1
-        return RolloutBatch(
-            input_ids=ids,
-            attention_mask=att,
-            response_mask=rmask,
-            response_len=t,
-            prompt_index=torch.arange(n) // num_samples,
-            texts=list(texts),
-            truncated=torch.zeros(n, dtype=torch.bool),
-            gen_seconds=0.5,
-            num_generated_tokens=int(rmask.sum()),
-        )
-
-
 RIGHT, WRONG = r"\boxed{3}", r"\boxed{4}"
 
 
@@ -108,14 +65,6 @@ RIGHT, WRONG = r"\boxed{3}", r"\boxed{4}"
 def pool():
     with MathRewardPool(num_workers=1, timeout_s=10.0) as p:
         yield p
-
-
-def _problems(count: int) -> list[Problem]:
-    return [Problem(id=f"p{i}", problem=f"question {i}", answer="3") for i in range(count)]
-
-
-def _settings(g: int) -> SamplerSettings:
-    return SamplerSettings(group_size=g, max_new_tokens=4, temperature=1.0, top_p=1.0, instruction="")
 
 
 def test_dynamic_sampling_drops_equal_groups_refills_and_cuts_to_the_batch_size(pool):

@@ -4,85 +4,16 @@ weights, computed before the update or per micro-batch."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from helpers import random_rollout_batch, tiny_llama
 from tepo.losses.rollout_correction import rollout_correction_weights
-from tepo.rollout.base import RolloutBatch
-from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
-from tepo.training.update import RolloutCorrection, RowTensors, UpdatePlan, UpdateSettings, update_policy
-
-GROUPS, G, PROMPT, RESPONSE = 8, 4, 3, 6
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_llama(0).train()
-
-
-@pytest.fixture(scope="module")
-def batch() -> RolloutBatch:
-    return random_rollout_batch(GROUPS, G, PROMPT, RESPONSE, seed=1)
-
-
-def _settings(micro: int, tokens: int | None = None) -> LogprobSettings:
-    return LogprobSettings(
-        micro_batch_size=micro,
-        temperature=1.0,
-        autocast_bf16=False,
-        share_prompt_prefix=False,
-        train_attention="model",
-        micro_batch_tokens=tokens,
-    )
-
-
-def _updated(
-    model,
-    batch,
-    loss,
-    micro,
-    *,
-    loss_options=None,
-    mini_groups=GROUPS,
-    tokens=None,
-    correction=None,
-    **tensors,
-) -> torch.Tensor:
-    """Parameters after one step of update_policy with plain SGD (lr 1): the summed gradient, exactly applied.
-    ``tensors``: RowTensors fields beside the advantages (``loss_mask`` as ``mask``)."""
-    model = copy.deepcopy(model)
-    torch.manual_seed(123)  # clip_cov draws its token set from torch's RNG: the same draw for every size
-    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _u: 1.0)
-    advantages = tensors.pop("advantages", torch.linspace(-1.5, 1.5, GROUPS * G))
-    mask = tensors.pop("loss_mask", None)
-    settings = UpdateSettings(
-        loss=loss,
-        loss_options=loss_options or {},
-        epochs=1,
-        mini_batch_groups=mini_groups,
-        group_size=G,
-        max_grad_norm=1e9,
-        max_len=float(RESPONSE),
-    )
-    update_policy(
-        model,
-        optimizer,
-        scheduler,
-        batch,
-        RowTensors(
-            advantages=advantages,
-            mask=batch.response_mask if mask is None else mask,
-            rollout_logp=batch.rollout_logp,
-            **tensors,
-        ),
-        UpdatePlan(settings, _settings(micro, tokens), correction),
-        generator=torch.Generator().manual_seed(0),
-    )
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
+from tepo.training.logprob_pass import batch_logprobs
+from tepo.training.update import RolloutCorrection
+from update_runs import GROUPS
+from update_runs import logprob_settings as _settings
+from update_runs import updated_params as _updated
+from update_runs import with_sampler_logp as _with_sampler_logp
 
 
 @pytest.mark.parametrize(
@@ -112,15 +43,6 @@ def test_covariance_losses_update_the_same_for_every_micro_batch_size(
             model, batch, loss, micro, loss_options=options, mini_groups=mini_groups, old_logp=old_logp
         )
         torch.testing.assert_close(got, whole, rtol=1e-5, atol=1e-6, msg=f"{loss}: micro-batch {micro}")
-
-
-def _with_sampler_logp(batch: RolloutBatch, model) -> RolloutBatch:
-    """The batch with made-up sampler log-probs: the trainer's own, shifted per token (some beyond 2x)."""
-    logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
-    shift = torch.linspace(-1.0, 1.0, logp.numel()).view_as(logp)
-    out = copy.copy(batch)
-    out.rollout_logp = (logp + shift) * batch.response_mask
-    return out
 
 
 @pytest.mark.parametrize("mode", ["tis", "seq_tis"])

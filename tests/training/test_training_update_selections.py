@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_training_update import GROUPS, _settings, _updated, _with_sampler_logp, batch, model  # noqa: F401
 
 from tepo.training.logprob_pass import batch_logprobs
+from update_runs import GROUPS
+from update_runs import logprob_settings as _settings
+from update_runs import updated_params as _updated
+from update_runs import with_sampler_logp as _with_sampler_logp
 
 
 @pytest.mark.parametrize(
@@ -24,7 +27,7 @@ from tepo.training.logprob_pass import batch_logprobs
         ),
     ],
 )
-def test_token_selections_update_the_same_for_every_micro_batch_size(model, batch, loss, options, with_old):  # noqa: F811
+def test_token_selections_update_the_same_for_every_micro_batch_size(model, batch, loss, options, with_old):
     batch = _with_sampler_logp(batch, model)
     old_logp = None
     if with_old:  # as after a pre-update pass: the old policy shifted off ratio 1
@@ -44,7 +47,7 @@ def test_token_selections_update_the_same_for_every_micro_batch_size(model, batc
         )
 
 
-def test_rollout_logp_reaches_the_loss_as_behaviour(model, batch):  # noqa: F811
+def test_rollout_logp_reaches_the_loss_as_behaviour(model, batch):
     # dppo_tv's mask reads the sampler's probabilities: a sampler far from the trainer masks tokens, so the
     # update differs from the one without rollout_logp (where behaviour = old = the current policy: nothing masked).
     # _with_sampler_logp shifts the sampler up on the later (positive-advantage) rows, where q > p keeps every

@@ -1,0 +1,66 @@
+"""Fakes for calling the step's sample-and-score phase (``tepo.training.collect``) without a model: a character
+tokenizer, a rollout backend that returns scripted texts, problems whose answer is 3, and sampler settings.
+Used by tests/training/test_training_phases.py and test_gdpo.py."""
+
+from __future__ import annotations
+
+import torch
+
+from tepo.data import Problem
+from tepo.rollout.base import RolloutBatch
+from tepo.training.collect import SamplerSettings
+
+
+class CharTokenizer:
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [ord(ch) % 50 + 1 for ch in text[:6]]}
+
+
+class ScriptedRollout:
+    """Returns, call by call, the scripted response texts (one list of N texts per call)."""
+
+    pad_token_id = 0
+
+    def __init__(self, script: list[list[str]]):
+        self.script = list(script)
+        self.seeds: list[int] = []
+
+    def generate(self, prompt_ids, *, num_samples, max_new_tokens, temperature, top_p, seed, **_):
+        texts = self.script.pop(0)
+        n = len(prompt_ids) * num_samples
+        assert len(texts) == n
+        self.seeds.append(seed)
+        width_p = max(len(p) for p in prompt_ids)
+        lengths = [1 + i % 3 for i in range(n)]
+        t = max(lengths)
+        ids = torch.zeros(n, width_p + t, dtype=torch.long)
+        att = torch.zeros_like(ids)
+        rmask = torch.zeros(n, t)
+        for row in range(n):
+            prompt = prompt_ids[row // num_samples]
+            ids[row, width_p - len(prompt) : width_p] = torch.tensor(prompt)
+            att[row, width_p - len(prompt) : width_p] = 1
+            ids[row, width_p : width_p + lengths[row]] = 7 + row
+            att[row, width_p : width_p + lengths[row]] = 1
+            rmask[row, : lengths[row]] = 1
+        return RolloutBatch(
+            input_ids=ids,
+            attention_mask=att,
+            response_mask=rmask,
+            response_len=t,
+            prompt_index=torch.arange(n) // num_samples,
+            texts=list(texts),
+            truncated=torch.zeros(n, dtype=torch.bool),
+            gen_seconds=0.5,
+            num_generated_tokens=int(rmask.sum()),
+        )
+
+
+def problems(count: int) -> list[Problem]:
+    return [Problem(id=f"p{i}", problem=f"question {i}", answer="3") for i in range(count)]
+
+
+def sampler_settings(g: int) -> SamplerSettings:
+    return SamplerSettings(group_size=g, max_new_tokens=4, temperature=1.0, top_p=1.0, instruction="")
