@@ -115,3 +115,70 @@ def random_rollout_batch(groups: int, group_size: int, prompt: int, response: in
         gen_seconds=0.0,
         num_generated_tokens=int(rmask.sum()),
     )
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def write_tiny_model(
+    directory: Path, embedded_dir: Path, *, extra_config: dict | None = None, weights="safetensors"
+):
+    """A tiny random Llama (1 layer, tied embeddings) with the embedded tokenizer: a real, loadable local model
+    directory; ``weights="bin"`` saves a pickled ``pytorch_model.bin`` instead of safetensors, ``extra_config``
+    adds keys to its config.json."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49_152, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = LlamaForCausalLM(config)
+    directory.mkdir(parents=True)
+    model.save_pretrained(directory)
+    if weights == "bin":
+        state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+        torch.save(state, directory / "pytorch_model.bin")
+        (directory / "model.safetensors").unlink()
+    if extra_config:
+        data = json.loads((directory / "config.json").read_text())
+        (directory / "config.json").write_text(json.dumps({**data, **extra_config}))
+    for name in TOKENIZER_FILES:
+        shutil.copy(embedded_dir / name, directory / name)
+    return model
+
+
+def nucleus_logprobs(logits, temperature: float, top_p: float):
+    """``log`` of the sampling distribution: ``softmax(logits / T)`` restricted to its top-p nucleus, renormalised.
+
+    The nucleus: going from the least likely token up, drop tokens while their cumulative probability is
+    ``<= 1 - top_p``; the most likely token always stays. Dropped tokens get ``-inf``.
+    """
+    import math
+
+    import torch
+
+    probs = torch.softmax(logits.float() / temperature, -1)
+    ascending, order = probs.sort(-1)
+    drop_sorted = ascending.cumsum(-1) <= 1 - top_p
+    drop_sorted[..., -1] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    kept = torch.log_softmax(logits.float() / temperature, -1).masked_fill(drop, -math.inf)
+    return kept - kept.logsumexp(-1, keepdim=True)
+
+
+def next_token_logits(model, batch):
+    """``[N, T, V]`` float32 logits the model gives each response position (same positions as generation)."""
+    import torch
+
+    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids
+        ).logits
+    p, t = batch.prompt_len, batch.response_len
+    return logits[:, p - 1 : p + t - 1].float()

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import tiny_llama
+from helpers import tiny_llama, write_tiny_model
 from tepo.checkpoint import (
     MANIFEST,
     CheckpointError,
@@ -194,8 +194,6 @@ def test_tepo_train_on_a_full_disk_stops_with_one_message_and_resumes_once_there
 ):
     """The CLI path: exit 1 with a one-line reason (no traceback), the step's metrics row kept, and a resume that
     finishes the run once writes succeed again."""
-    from test_models import write_tiny_model
-
     write_tiny_model(tmp_path / "tiny", embedded_model_dir)  # a 3 MB checkpoint: past the 1 MB limit
     args = [
         f"model.name={tmp_path / 'tiny'}", f"train.output_dir={tmp_path}", "train.run_name=full",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
 
+from helpers import write_tiny_model
 from tepo.models import (
     EMBEDDED_MODEL,
     build_cached_dir,
@@ -22,33 +21,6 @@ from tepo.models import (
     load_model_and_tokenizer,
     resolve_model_path,
 )
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
-
-
-def write_tiny_model(
-    directory: Path, embedded_dir: Path, *, extra_config: dict | None = None, weights="safetensors"
-):
-    """A tiny random Llama with the embedded tokenizer: a real, loadable local model directory."""
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=49_152, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=1, tie_word_embeddings=True,
-    )  # fmt: skip
-    model = LlamaForCausalLM(config)
-    directory.mkdir(parents=True)
-    model.save_pretrained(directory)
-    if weights == "bin":
-        state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
-        torch.save(state, directory / "pytorch_model.bin")
-        (directory / "model.safetensors").unlink()
-    if extra_config:
-        data = json.loads((directory / "config.json").read_text())
-        (directory / "config.json").write_text(json.dumps({**data, **extra_config}))
-    for name in TOKENIZER_FILES:
-        shutil.copy(embedded_dir / name, directory / name)
-    return model
-
 
 # ---------------------------------------------------------------- the embedded model
 

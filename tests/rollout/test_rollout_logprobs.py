@@ -1,8 +1,8 @@
 """Behaviour log-probs: ``rollout_logp`` is the sampler's own log-probability of each sampled token, under the
 distribution it sampled from (temperature, and the renormalised top-p nucleus).
 
-The reference below is written from the definition (docs/offpolicy.md), checked by hand on a 4-token example,
-then compared with what the HF backend returns for the real embedded model. The vLLM engine's values are
+The reference (helpers.nucleus_logprobs) is written from the definition (docs/offpolicy.md), checked by hand on
+a 4-token example, then compared with what the HF backend returns for the real embedded model. The vLLM engine's values are
 compared with the same reference in tests/rollout/test_rollout_vllm.py.
 """
 
@@ -13,24 +13,10 @@ import math
 import pytest
 import torch
 
+from helpers import next_token_logits, nucleus_logprobs
 from tepo.rollout import HFRollout
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def nucleus_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """``log`` of the sampling distribution: ``softmax(logits / T)`` restricted to its top-p nucleus, renormalised.
-
-    The nucleus: going from the least likely token up, drop tokens while their cumulative probability is
-    ``<= 1 - top_p``; the most likely token always stays. Dropped tokens get ``-inf``.
-    """
-    probs = torch.softmax(logits.float() / temperature, -1)
-    ascending, order = probs.sort(-1)
-    drop_sorted = ascending.cumsum(-1) <= 1 - top_p
-    drop_sorted[..., -1] = False
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    kept = torch.log_softmax(logits.float() / temperature, -1).masked_fill(drop, -math.inf)
-    return kept - kept.logsumexp(-1, keepdim=True)
 
 
 def test_the_reference_by_hand():
@@ -48,17 +34,6 @@ def test_the_reference_by_hand():
     torch.testing.assert_close(got, want)
     # top_p = 1 keeps everything: plain log_softmax(logits / T).
     torch.testing.assert_close(nucleus_logprobs(logits, 2.0, 1.0), torch.log_softmax(logits / 2.0, -1))
-
-
-def next_token_logits(model, batch) -> torch.Tensor:
-    """``[N, T, V]`` float32 logits the model gives each response position (same positions as generation)."""
-    position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        logits = model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids
-        ).logits
-    p, t = batch.prompt_len, batch.response_len
-    return logits[:, p - 1 : p + t - 1].float()
 
 
 @pytest.fixture(scope="module")

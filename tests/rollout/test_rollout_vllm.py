@@ -293,7 +293,7 @@ def test_vllm_logprobs_are_the_processed_ones_temperature_and_nucleus(fp32_engin
     """With T != 1 and top_p < 1 the engine reports log-probs of the distribution it sampled from (vLLM's
     "processed_logprobs"), not the raw model's: they equal the renormalised nucleus of the trainer's float32
     logits / T, and differ from the untruncated ones."""
-    from test_rollout_logprobs import next_token_logits, nucleus_logprobs
+    from helpers import next_token_logits, nucleus_logprobs
 
     temperature, top_p = 0.8, 0.7
     batch = fp32_engine.generate(
