@@ -1,7 +1,8 @@
 """The run configuration's schema: one small dataclass per section (``model``, ``data``, ``rollout``,
 ``algorithm``, ``optim``, ``train``, ``reward``, ``eval``, ``log``), each field with its default and a comment that says
 what it does. A rollout backend's own keys are a sub-section under its name (``rollout.hf``, ``rollout.vllm``), as
-are the parity guard's (``rollout.parity``). Loading and checking live in :mod:`tepo.config.loading` and :mod:`tepo.config.checks`."""
+are the parity guard's (``rollout.parity``). Loading and checking live in :mod:`tepo.config.loading` and
+:mod:`tepo.config.checks`."""
 
 from __future__ import annotations
 
