@@ -50,23 +50,9 @@ def one_torch_thread():
 def tiny_model_dir(tmp_path_factory, embedded_model_dir):
     """A 2-layer Llama (random weights from a config) with the embedded model's tokenizer, saved like any
     checkpoint."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
+
+    from helpers import write_tiny_llama
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    out = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tokenizer)

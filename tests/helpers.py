@@ -10,24 +10,25 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny_llama(seed: int = 0, *, tie: bool = False, vocab_size: int = 97):
-    """A real (randomly initialised) 2-layer Llama small enough for exact float32 checks in milliseconds."""
+def tiny_llama(seed: int = 0, *, tie: bool = False, vocab_size: int = 97, **config):
+    """A real (randomly initialised) 2-layer Llama small enough for exact float32 checks in milliseconds;
+    ``config`` overrides ``LlamaConfig`` fields (``max_position_embeddings`` 64, ``pad_token_id`` 0, ...)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(config).eval()
+    shape = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    fields = dict(num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tie, pad_token_id=0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab_size, **shape, **{**fields, **config})).eval()
+
+
+def write_tiny_llama(directory: Path, tokenizer, **config) -> Path:
+    """`tiny_llama` (seed 0) sized to ``tokenizer`` (its vocabulary, pad and eos ids) and saved with it in
+    ``directory``, like any checkpoint; ``config`` as for `tiny_llama`."""
+    ids = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    tiny_llama(0, vocab_size=len(tokenizer), **{**ids, **config}).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
 
 
 def vllm_python_or_skip() -> str:
@@ -89,18 +90,20 @@ def load_script(name: str):
     return module
 
 
-def random_rollout_batch(groups: int, group_size: int, prompt: int, response: int, *, seed: int = 1):
+def random_rollout_batch(
+    groups: int, group_size: int, prompt: int, response: int, *, seed: int = 1, vocab: int = 32
+):
     """A ``RolloutBatch`` of ``groups`` prompts (``prompt`` random ids each) x ``group_size`` responses of random
-    lengths 1..``response`` (ids < 32, padded with 0 after each response's end), rows grouped by prompt."""
+    lengths 1..``response`` (ids < ``vocab``, padded with 0 after each response's end), rows grouped by prompt."""
     import torch
 
     from tepo.rollout.base import RolloutBatch
 
     gen = torch.Generator().manual_seed(seed)
     n = groups * group_size
-    prompts = torch.randint(1, 32, (groups, prompt), generator=gen).repeat_interleave(group_size, 0)
+    prompts = torch.randint(1, vocab, (groups, prompt), generator=gen).repeat_interleave(group_size, 0)
     lengths = torch.randint(1, response + 1, (n,), generator=gen)
-    ids = torch.randint(1, 32, (n, response), generator=gen)
+    ids = torch.randint(1, vocab, (n, response), generator=gen)
     rmask = (torch.arange(response)[None] < lengths[:, None]).float()
     ids = torch.where(rmask.bool(), ids, torch.zeros_like(ids))
     att = torch.cat([torch.ones(n, prompt, dtype=torch.long), rmask.long()], 1)

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from helpers import tiny_llama
+from helpers import random_rollout_batch, tiny_llama, write_tiny_llama
 
 pytestmark = [
     pytest.mark.gpu,
@@ -31,7 +31,7 @@ def tiny_model_dir(tmp_path_factory):
     ``scripts/gpu_check.sh --prepare`` writes) where set, else from the embedded model itself."""
     import os
 
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer
 
     kit = os.environ.get("TEPO_MODEL_KIT")
     if kit:
@@ -41,45 +41,13 @@ def tiny_model_dir(tmp_path_factory):
 
         source = embedded_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(source)
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    out = tmp_path_factory.mktemp("tiny-llama")
-    LlamaForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tokenizer, max_position_embeddings=256)
 
 
 def _batch():
-    from tepo.rollout.base import RolloutBatch
-
-    gen = torch.Generator().manual_seed(1)
-    n = GROUPS * G
-    prompts = torch.randint(1, 90, (GROUPS, PROMPT), generator=gen).repeat_interleave(G, 0)
-    lengths = torch.randint(1, RESPONSE + 1, (n,), generator=gen)
-    rmask = (torch.arange(RESPONSE)[None] < lengths[:, None]).float()
-    response = torch.randint(1, 90, (n, RESPONSE), generator=gen) * rmask.long()
-    return RolloutBatch(
-        input_ids=torch.cat([prompts, response], 1),
-        attention_mask=torch.cat([torch.ones(n, PROMPT, dtype=torch.long), rmask.long()], 1),
-        response_mask=rmask,
-        response_len=RESPONSE,
-        prompt_index=torch.arange(n) // G,
-        texts=[""] * n,
-        truncated=torch.zeros(n, dtype=torch.bool),
-        gen_seconds=0.0,
-        num_generated_tokens=int(rmask.sum()),
-        rollout_logp=torch.full((n, RESPONSE), -3.0) * rmask,
-    )
+    batch = random_rollout_batch(GROUPS, G, PROMPT, RESPONSE, seed=1, vocab=90)
+    batch.rollout_logp = torch.full((GROUPS * G, RESPONSE), -3.0) * batch.response_mask
+    return batch
 
 
 def _update(device: str, *, autocast: bool = False):

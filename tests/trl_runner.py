@@ -35,27 +35,14 @@ def _two_prompts(n: int = 2) -> Dataset:
 
 
 def two_step_config(tmp_path, **overrides) -> GRPOConfig:
-    """A 2-step CPU run of 2 prompts x 2 completions of 8 tokens, float32, logged every step, seed 0."""
-    base = dict(
-        output_dir=str(tmp_path),
-        use_cpu=True,
-        per_device_train_batch_size=2,
-        num_generations=2,
-        steps_per_generation=2,
-        gradient_accumulation_steps=1,
-        max_completion_length=8,
-        max_steps=2,
-        learning_rate=1e-5,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        seed=0,
-        temperature=1.0,
-        bf16=False,
-        use_bias_correction_kl=False,
+    """A 2-step CPU run of 2 prompts x 2 completions of 8 tokens, float32, logged every step, seed 0: the
+    one-window config with 2 rows per device and 2 steps per generation."""
+    run = dict(
+        max_steps=2, learning_rate=1e-5, logging_steps=1, temperature=1.0, use_bias_correction_kl=False
     )
-    base.update(overrides)
-    return GRPOConfig(**base)
+    return one_window_grpo_config(
+        tmp_path, 8, per_device_train_batch_size=2, steps_per_generation=2, **{**run, **overrides}
+    )
 
 
 def embedded_model_trainer(tmp_path, model=None, tokenizer=None, **kwargs) -> TepoGRPOTrainer:
