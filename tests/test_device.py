@@ -25,6 +25,7 @@ from torch.overrides import TorchFunctionMode
 from helpers import tiny_llama
 from tepo.config import ConfigError, load_config
 from tepo.device import device_setting_error, resolve_device
+from update_runs import apply_update
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tepo"
 STEP_MODULES = ["training", "losses", "advantages", "rollout", "logprobs.py", "batch.py"]
@@ -135,7 +136,7 @@ def test_the_update_phase_creates_no_tensor_without_a_device(one_torch_thread):
     from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
     from tepo.rollout.base import RolloutBatch
     from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
-    from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
+    from tepo.training.update import UpdatePlan, UpdateSettings
 
     groups, g, p, t = 2, 3, 3, 4
     n = groups * g
@@ -167,22 +168,10 @@ def test_the_update_phase_creates_no_tensor_without_a_device(one_torch_thread):
         weights, keep, _ = rollout_correction_weights(
             old_logp, batch.rollout_logp, batch.response_mask, mode="tis"
         )
-        update_policy(
-            model,
-            optimizer,
-            scheduler,
-            batch,
-            RowTensors(
-                advantages=advantages,
-                mask=batch.response_mask * keep,
-                old_logp=old_logp,
-                old_entropy=old_entropy,
-                is_weights=weights,
-                rollout_logp=batch.rollout_logp,
-            ),
-            UpdatePlan(UpdateSettings("tepo", {}, 2, groups, g, 1.0, float(t)), settings),
-            generator=torch.Generator().manual_seed(0),
-        )
+        plan = UpdatePlan(UpdateSettings("tepo", {}, 2, groups, g, 1.0, float(t)), settings)
+        rows = dict(advantages=advantages, mask=batch.response_mask * keep, is_weights=weights)
+        rows.update(old_logp=old_logp, old_entropy=old_entropy)
+        apply_update(model, optimizer, batch, plan, scheduler=scheduler, **rows)
         rollout_mismatch_metrics(old_logp, batch.rollout_logp, batch.response_mask)
     allowed = set()
     for rel, _ in HOST_ON_PURPOSE:

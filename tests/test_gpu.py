@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from helpers import random_rollout_batch, tiny_llama, write_tiny_llama
+from update_runs import apply_update
 
 pytestmark = [
     pytest.mark.gpu,
@@ -53,30 +54,17 @@ def _batch():
 def _update(device: str, *, autocast: bool = False):
     """Parameters after two AdamW updates (2 epochs, shuffled) of a tiny Llama on ``device``."""
     from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
-    from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
+    from tepo.training.update import UpdatePlan, UpdateSettings
 
     model = tiny_llama(0).train().to(device)
     batch = _batch().to(device)
     settings = LogprobSettings(8, 1.0, autocast, True, "auto")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _u: 1.0)
     old_logp, old_entropy = batch_logprobs(model, batch, settings, entropy=True)
     advantages = torch.linspace(-1.5, 1.5, GROUPS * G, device=device)
-    out = update_policy(
-        model,
-        optimizer,
-        scheduler,
-        batch,
-        RowTensors(
-            advantages=advantages,
-            mask=batch.response_mask,
-            old_logp=old_logp,
-            old_entropy=old_entropy,
-            rollout_logp=batch.rollout_logp,
-        ),
-        UpdatePlan(UpdateSettings("tepo", {}, 2, GROUPS // 2, G, 1.0, float(RESPONSE)), settings),
-        generator=torch.Generator().manual_seed(0),
-    )
+    plan = UpdatePlan(UpdateSettings("tepo", {}, 2, GROUPS // 2, G, 1.0, float(RESPONSE)), settings)
+    rows = dict(advantages=advantages, mask=batch.response_mask, old_logp=old_logp, old_entropy=old_entropy)
+    out = apply_update(model, optimizer, batch, plan, **rows)
     return out, torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
 
 

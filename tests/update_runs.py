@@ -43,7 +43,6 @@ def updated_params(
     model = copy.deepcopy(model)
     torch.manual_seed(123)  # clip_cov draws its token set from torch's RNG: the same draw for every size
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _u: 1.0)
     advantages = tensors.pop("advantages", torch.linspace(-1.5, 1.5, GROUPS * G))
     mask = tensors.pop("loss_mask", None)
     settings = UpdateSettings(
@@ -55,21 +54,21 @@ def updated_params(
         max_grad_norm=1e9,
         max_len=float(RESPONSE),
     )
-    update_policy(
-        model,
-        optimizer,
-        scheduler,
-        batch,
-        RowTensors(
-            advantages=advantages,
-            mask=batch.response_mask if mask is None else mask,
-            rollout_logp=batch.rollout_logp,
-            **tensors,
-        ),
-        UpdatePlan(settings, logprob_settings(micro, tokens), correction),
-        generator=torch.Generator().manual_seed(0),
-    )
+    plan = UpdatePlan(settings, logprob_settings(micro, tokens), correction)
+    mask = batch.response_mask if mask is None else mask
+    apply_update(model, optimizer, batch, plan, advantages=advantages, mask=mask, **tensors)
     return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def apply_update(model, optimizer, batch, plan: UpdatePlan, *, scheduler=None, **rows) -> dict:
+    """``update_policy`` of ``model`` on ``batch`` with ``RowTensors(**rows)`` (``rollout_logp``: the batch's unless
+    given), a constant learning rate unless ``scheduler``, and the mini-batch order drawn from a generator seeded
+    0; returns its metrics."""
+    if scheduler is None:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _u: 1.0)
+    rows.setdefault("rollout_logp", batch.rollout_logp)
+    generator = torch.Generator().manual_seed(0)
+    return update_policy(model, optimizer, scheduler, batch, RowTensors(**rows), plan, generator=generator)
 
 
 def with_sampler_logp(batch: RolloutBatch, model) -> RolloutBatch:
