@@ -56,3 +56,17 @@ def tiny_model_dir(tmp_path_factory, embedded_model_dir):
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir)
     return write_tiny_llama(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
+
+
+@pytest.fixture
+def scratch_registry():
+    """The policy-loss and advantage-estimator registries put back as they were after the test (which may register
+    its own)."""
+    from tepo.advantages import ADVANTAGE_ESTIMATORS
+    from tepo.losses import POLICY_LOSSES
+
+    saved = [(registry, dict(registry)) for registry in (POLICY_LOSSES, ADVANTAGE_ESTIMATORS)]
+    yield
+    for registry, before in saved:
+        registry.clear()
+        registry.update(before)

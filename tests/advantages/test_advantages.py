@@ -367,14 +367,6 @@ def test_token_level_bad_shapes_and_values():
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def scratch_registry():
-    before = dict(ADVANTAGE_ESTIMATORS)
-    yield
-    ADVANTAGE_ESTIMATORS.clear()
-    ADVANTAGE_ESTIMATORS.update(before)
-
-
 def test_user_registered_estimator(scratch_registry):
     @register_advantage_estimator("max_baseline", paper="test")
     def max_baseline(rewards, group_size, *, scale=1.0):

@@ -30,14 +30,6 @@ def _inputs():
     }
 
 
-@pytest.fixture
-def scratch_registry():
-    before = dict(POLICY_LOSSES)
-    yield
-    POLICY_LOSSES.clear()
-    POLICY_LOSSES.update(before)
-
-
 def test_builtins_are_registered_with_table_defaults():
     assert set(BUILTINS) <= set(list_policy_losses())
     expected = {
