@@ -18,14 +18,6 @@ from tepo.config import AlgorithmConfig, ConfigError, load_config, needs_referen
 from tepo.losses import list_policy_losses
 
 
-@pytest.fixture
-def scratch_registry():
-    before = dict(ADVANTAGE_ESTIMATORS)
-    yield
-    ADVANTAGE_ESTIMATORS.clear()
-    ADVANTAGE_ESTIMATORS.update(before)
-
-
 def _all_inputs(n=4, t=3):
     """Distinct tensors per name, so a test can tell which one an estimator received."""
     return {
