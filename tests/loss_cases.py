@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from tepo.losses import compute_policy_loss
+from tepo.losses import compute_policy_loss, mini_batch_stats
 
 E = math.exp
 NAN = float("nan")
@@ -76,9 +76,10 @@ def random_mini_batch(n=64, width=12, seed=0):
     return {"logp": logp, "old_logp": old, "advantages": adv, "mask": mask}
 
 
-def loss_on_rows(name, batch, rows, cols=slice(None), **options):
-    """Loss ``name`` on ``rows`` (and token columns ``cols``) of a `random_mini_batch`: value, gradient w.r.t.
-    those rows' logp, metrics."""
+def loss_on_rows(name, batch, rows, cols=slice(None), *, extra: dict | None = None, **options):
+    """Loss ``name`` on ``rows`` (and token columns ``cols``) of a `random_mini_batch`, with the per-token tensors
+    of ``extra`` (``entropy``, ``rollout_logp`` ...) sliced alike: value, gradient w.r.t. those rows' logp,
+    metrics."""
     logp = batch["logp"][rows][:, cols].clone().requires_grad_(True)
     loss, metrics = compute_policy_loss(
         name,
@@ -86,7 +87,31 @@ def loss_on_rows(name, batch, rows, cols=slice(None), **options):
         old_logp=batch["old_logp"][rows][:, cols],
         advantages=batch["advantages"][rows],
         mask=batch["mask"][rows][:, cols],
+        **{key: value[rows][:, cols] for key, value in (extra or {}).items()},
         **options,
     )
     loss.backward()
     return loss.detach(), logp.grad, metrics
+
+
+def random_loss_inputs(gen, mask) -> dict:
+    """Float64 ``compute_policy_loss`` inputs for the rows of ``mask``, drawn from ``gen`` in this order: old_logp,
+    logp (old + 0.3 noise), ref_logp (old + 0.2 noise), entropy and old_entropy in [0, 2), advantages."""
+    n, width = mask.shape
+    old = -torch.rand(n, width, generator=gen, dtype=torch.float64) * 3
+    return {
+        "logp": old + 0.3 * torch.randn(n, width, generator=gen, dtype=torch.float64),
+        "old_logp": old,
+        "ref_logp": old + 0.2 * torch.randn(n, width, generator=gen, dtype=torch.float64),
+        "entropy": torch.rand(n, width, generator=gen, dtype=torch.float64) * 2,
+        "old_entropy": torch.rand(n, width, generator=gen, dtype=torch.float64) * 2,
+        "advantages": torch.randn(n, generator=gen, dtype=torch.float64),
+        "mask": mask,
+    }
+
+
+def stats_of(name, batch, *extra, **options):
+    """``mini_batch_stats`` of loss ``name`` on the whole ``batch``: its logp, old_logp, advantages, mask and the
+    keys named in ``extra``."""
+    keys = ("logp", "old_logp", "advantages", "mask", *extra)
+    return mini_batch_stats(name, **{key: batch[key] for key in keys}, **options)

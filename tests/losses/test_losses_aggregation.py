@@ -7,12 +7,12 @@ import itertools
 import pytest
 import torch
 
+from loss_cases import random_loss_inputs, stats_of
 from tepo.losses import (
     AGG_MODES,
     aggregate,
     compute_policy_loss,
     list_policy_losses,
-    mini_batch_stats,
 )
 
 NAN, INF = float("nan"), float("inf")
@@ -83,17 +83,7 @@ def _random_batch(seed, n=6, width=5):
     lengths[2] = 0  # one empty row (e.g. a filtered sample) must not break anything
     mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
     mask[4, 0] = 0  # and a hole inside a row (a non-contiguous mask)
-    old = -torch.rand(n, width, generator=gen, dtype=torch.float64) * 3
-    logp = old + 0.3 * torch.randn(n, width, generator=gen, dtype=torch.float64)
-    return {
-        "logp": logp,
-        "old_logp": old,
-        "ref_logp": old + 0.2 * torch.randn(n, width, generator=gen, dtype=torch.float64),
-        "entropy": torch.rand(n, width, generator=gen, dtype=torch.float64) * 2,
-        "old_entropy": torch.rand(n, width, generator=gen, dtype=torch.float64) * 2,
-        "advantages": torch.randn(n, generator=gen, dtype=torch.float64),
-        "mask": mask,
-    }
+    return random_loss_inputs(gen, mask)
 
 
 REGULARIZERS = {"entropy_coef": 0.01, "kl_coef": 0.05, "kl_estimator": "k3", "tepo_kl_mask_coef": 0.3}
@@ -106,14 +96,7 @@ def _options_for_invariance(name, batch):
         "clip_cov": {"clip_cov_ratio": 0.5, "clip_cov_lb": -0.3, "clip_cov_ub": 0.3, "seed": 3},
         "kl_cov": {"kl_cov_ratio": 0.3},
     }.get(name, {})
-    stats = mini_batch_stats(
-        name,
-        logp=batch["logp"],
-        old_logp=batch["old_logp"],
-        advantages=batch["advantages"],
-        mask=batch["mask"],
-        **options,
-    )
+    stats = stats_of(name, batch, **options)
     return {**options, **({} if stats is None else {"batch_stats": stats})}
 
 

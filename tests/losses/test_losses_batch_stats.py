@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loss_cases import loss_on_rows, random_mini_batch
+from loss_cases import loss_on_rows, random_mini_batch, stats_of
 from tepo.losses import POLICY_LOSSES, CovStats, mini_batch_stats
 
 COV_LOSSES = ["clip_cov", "kl_cov", "cov_gauss"]
@@ -19,22 +19,11 @@ OPTIONS = {
 }
 
 
-def _stats(name, batch, **options):
-    return mini_batch_stats(
-        name,
-        logp=batch["logp"],
-        old_logp=batch["old_logp"],
-        advantages=batch["advantages"],
-        mask=batch["mask"],
-        **options,
-    )
-
-
 def test_the_spec_says_which_losses_need_mini_batch_statistics():
     needing = sorted(name for name, spec in POLICY_LOSSES.items() if spec.needs_batch_stats)
     assert needing == sorted(COV_LOSSES)
     batch = random_mini_batch(8)
-    assert _stats("tepo", batch, eps=0.2, agg="token-mean") is None
+    assert stats_of("tepo", batch, eps=0.2, agg="token-mean") is None
 
 
 @pytest.mark.parametrize("name", COV_LOSSES)
@@ -46,7 +35,7 @@ def test_micro_batches_with_mini_batch_stats_give_the_one_call_gradient(name, sp
     options = OPTIONS[name]
     # One call on the whole mini-batch, statistics computed inside it (no batch_stats).
     full_loss, full_grad, full_metrics = loss_on_rows(name, batch, slice(0, n), **counts, **options)
-    stats = _stats(name, batch, **options, **counts)
+    stats = stats_of(name, batch, **options, **counts)
     parts = [
         loss_on_rows(
             name, batch, slice(s, s + split), batch_stats=stats.rows(slice(s, s + split)), **counts, **options
@@ -72,7 +61,7 @@ def test_at_least_one_token_per_mini_batch_not_per_micro_batch(name):
     n = batch["mask"].shape[0]
     options = {"clip_cov": {"seed": 0, "clip_cov_lb": -1.0, "clip_cov_ub": 1.0}, "kl_cov": {}}[name]
     # Default ratio 2e-4: int(2e-4 * n_valid) = 0 tokens, so the rule picks exactly one over the mini-batch.
-    stats = _stats(name, batch, **options)
+    stats = stats_of(name, batch, **options)
     assert int(stats.selected.sum()) == 1
     key = {"clip_cov": "cov_clip_frac", "kl_cov": "kl_cov_frac"}[name]
     chosen = 0
@@ -97,7 +86,7 @@ def test_rows_slices_columns_like_a_trimmed_micro_batch():
     batch = random_mini_batch(16, seed=2)
     options = {"kl_cov_ratio": 0.2}
     counts = {"num_tokens": int(batch["mask"].sum()), "num_seqs": 16}
-    stats = _stats("kl_cov", batch, **options)
+    stats = stats_of("kl_cov", batch, **options)
     _, full_grad, _ = loss_on_rows("kl_cov", batch, slice(0, 16), batch_stats=stats, **counts, **options)
     rows = torch.tensor([3, 0, 9, 12])
     cols = slice(0, int(batch["mask"][rows].sum(dim=0).nonzero().max()) + 1)  # trimmed to the used columns
@@ -110,8 +99,8 @@ def test_rows_slices_columns_like_a_trimmed_micro_batch():
 def test_a_generator_is_drawn_from_once_per_mini_batch():
     batch = random_mini_batch(16, seed=3)
     options = {"clip_cov_ratio": 0.3, "clip_cov_lb": -1.0, "clip_cov_ub": 1.0}
-    first = _stats("clip_cov", batch, generator=torch.Generator().manual_seed(5), **options)
-    again = _stats("clip_cov", batch, generator=torch.Generator().manual_seed(5), **options)
+    first = stats_of("clip_cov", batch, generator=torch.Generator().manual_seed(5), **options)
+    again = stats_of("clip_cov", batch, generator=torch.Generator().manual_seed(5), **options)
     assert torch.equal(first.selected, again.selected) and int(first.selected.sum()) > 1
 
 
@@ -131,7 +120,7 @@ def test_mini_batch_stats_hand_values():
 
 def test_misuse_is_reported():
     batch = random_mini_batch(8, seed=4)
-    stats = _stats("kl_cov", batch)
+    stats = stats_of("kl_cov", batch)
     with pytest.raises(ValueError, match=r"rows\(rows, cols\)"):
         loss_on_rows("kl_cov", batch, slice(0, 4), batch_stats=stats)
     with pytest.raises(ValueError, match="computed for policy loss 'kl_cov', not 'clip_cov'"):
@@ -141,9 +130,9 @@ def test_misuse_is_reported():
     with pytest.raises(ValueError, match="either batch_stats or cov_stats"):
         loss_on_rows("kl_cov", batch, slice(0, 8), batch_stats=stats, cov_stats=stats)
     with pytest.raises(ValueError, match="do not pass it"):
-        _stats("kl_cov", batch, cov_stats=stats)
+        stats_of("kl_cov", batch, cov_stats=stats)
     with pytest.raises(ValueError, match="unknown option"):
-        _stats("kl_cov", batch, kl_cov_share=0.1)
+        stats_of("kl_cov", batch, kl_cov_share=0.1)
     with pytest.raises(ValueError, match="CovStats"):
         loss_on_rows("cov_gauss", batch, slice(0, 8), cov_stats=(0.0, 0.0, 1.0))
     assert isinstance(stats, CovStats)

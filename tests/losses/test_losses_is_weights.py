@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 
-from tepo.losses import POLICY_LOSSES, compute_policy_loss, get_policy_loss, mini_batch_stats
+from loss_cases import random_loss_inputs, stats_of
+from tepo.losses import POLICY_LOSSES, compute_policy_loss, get_policy_loss
 
 NAN = float("nan")
 # Two rows, T = 3; row 1 has two valid tokens (its last position holds NaN padding).
@@ -40,17 +41,8 @@ def _full_inputs(seed=0, n=6, width=5):
     lengths = torch.randint(1, width + 1, (n,), generator=gen)
     lengths[2] = 0
     mask = (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).long()
-    old = -torch.rand(n, width, generator=gen, dtype=torch.float64) * 3
-    return {
-        "logp": old + 0.3 * torch.randn(n, width, generator=gen, dtype=torch.float64),
-        "old_logp": old,
-        "ref_logp": old + 0.2 * torch.randn(n, width, generator=gen, dtype=torch.float64),
-        "entropy": torch.rand(n, width, generator=gen, dtype=torch.float64) * 2,
-        "old_entropy": torch.rand(n, width, generator=gen, dtype=torch.float64) * 2,
-        "advantages": torch.randn(n, generator=gen, dtype=torch.float64),
-        "mask": mask,
-        "is_weights": torch.rand(n, width, generator=gen, dtype=torch.float64) * 2,
-    }
+    inputs = random_loss_inputs(gen, mask)
+    return {**inputs, "is_weights": torch.rand(n, width, generator=gen, dtype=torch.float64) * 2}
 
 
 @pytest.mark.parametrize("name", list(POLICY_LOSSES))
@@ -153,14 +145,7 @@ def test_micro_batches_with_weights_sum_to_the_mini_batch(name):
     }
     stats = None
     if get_policy_loss(name).needs_batch_stats:
-        stats = mini_batch_stats(
-            name,
-            logp=batch["logp"],
-            old_logp=batch["old_logp"],
-            advantages=batch["advantages"],
-            mask=batch["mask"],
-            **options,
-        )
+        stats = stats_of(name, batch, **options)
 
     def run(rows):
         logp = batch["logp"][rows].clone().requires_grad_(True)

@@ -318,26 +318,11 @@ def test_micro_batches_give_the_one_call_gradient(name):
     # Probabilities for the DPPO masks: log-probs must be <= 0 (the mini-batch's old_logp is; shift logp too).
     mb = {**mb, "logp": mb["logp"].clamp(max=-1e-3)}
     extra = {"rollout_logp": _behaviour(mb)}
-    full_loss, full_grad = _grad_with(name, mb, slice(0, n), extra, **counts)
-    parts = [_grad_with(name, mb, slice(s, s + 8), extra, **counts) for s in range(0, n, 8)]
+    full_loss, full_grad, _ = loss_on_rows(name, mb, slice(0, n), extra=extra, **counts)
+    parts = [loss_on_rows(name, mb, slice(s, s + 8), extra=extra, **counts) for s in range(0, n, 8)]
     torch.testing.assert_close(sum(p[0] for p in parts), full_loss, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(torch.cat([p[1] for p in parts]), full_grad, rtol=1e-12, atol=1e-14)
     assert full_grad.abs().sum() > 0
-
-
-def _grad_with(name, mb, rows, extra, **options):
-    logp = mb["logp"][rows].clone().requires_grad_(True)
-    loss, _ = compute_policy_loss(
-        name,
-        logp=logp,
-        old_logp=mb["old_logp"][rows],
-        advantages=mb["advantages"][rows],
-        mask=mb["mask"][rows],
-        **{k: v[rows] for k, v in extra.items()},
-        **options,
-    )
-    loss.backward()
-    return loss.detach(), logp.grad
 
 
 # ---- refusals ---------------------------------------------------------------------------------------------------

@@ -10,7 +10,21 @@ import math
 import pytest
 import torch
 
-from loss_cases import ADV, LENS, LOGP, T_TOT, E, N, assert_grad, batch, random_mini_batch, run, token_mean
+from loss_cases import (
+    ADV,
+    LENS,
+    LOGP,
+    T_TOT,
+    E,
+    N,
+    assert_grad,
+    batch,
+    loss_on_rows,
+    random_mini_batch,
+    run,
+    stats_of,
+    token_mean,
+)
 from tepo.losses import compute_policy_loss, mini_batch_stats, needs_mini_batch_stats
 from tepo.losses.token_selection import MiniBatchStats, m2po_keep
 
@@ -241,20 +255,9 @@ def _mini_batch_with_extras(seed):
 
 
 def _micro(name, mb, rows, stats, **options):
-    logp = mb["logp"][rows].clone().requires_grad_(True)
-    loss, _ = compute_policy_loss(
-        name,
-        logp=logp,
-        old_logp=mb["old_logp"][rows],
-        advantages=mb["advantages"][rows],
-        mask=mb["mask"][rows],
-        entropy=mb["entropy"][rows],
-        rollout_logp=mb["rollout_logp"][rows],
-        batch_stats=None if stats is None else stats.rows(rows),
-        **options,
-    )
-    loss.backward()
-    return loss.detach(), logp.grad
+    extra = {"entropy": mb["entropy"], "rollout_logp": mb["rollout_logp"]}
+    batch_stats = None if stats is None else stats.rows(rows)
+    return loss_on_rows(name, mb, rows, extra=extra, batch_stats=batch_stats, **options)[:2]
 
 
 # (loss, the loss's own options, the options under test)
@@ -276,23 +279,12 @@ def test_micro_batches_with_mini_batch_stats_give_the_one_call_gradient(name, ba
     n = mb["mask"].shape[0]
     counts = {"num_tokens": int(mb["mask"].sum()), "num_seqs": n}
     full_loss, full_grad = _micro(name, mb, slice(0, n), None, **counts, **options)
-    stats = mini_batch_stats(
-        name,
-        logp=mb["logp"],
-        old_logp=mb["old_logp"],
-        advantages=mb["advantages"],
-        mask=mb["mask"],
-        entropy=mb["entropy"],
-        rollout_logp=mb["rollout_logp"],
-        **options,
-    )
+    stats = stats_of(name, mb, "entropy", "rollout_logp", **options)
     assert (stats is not None) == needs_mini_batch_stats(name, options)
     parts = [_micro(name, mb, slice(s, s + 8), stats, **counts, **options) for s in range(0, n, 8)]
     torch.testing.assert_close(sum(p[0] for p in parts), full_loss, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(torch.cat([p[1] for p in parts]), full_grad, rtol=1e-12, atol=1e-14)
-    plain_stats = mini_batch_stats(
-        name, **{k: mb[k] for k in ("logp", "old_logp", "advantages", "mask")}, **base
-    )
+    plain_stats = stats_of(name, mb, **base)
     plain = _micro(name, mb, slice(0, n), plain_stats, **counts, **base)[1]
     assert full_grad.abs().sum() > 0 and not torch.allclose(full_grad, plain)  # the option changed something
     if any(k in options for k in ("top_entropy_quantile", "m2po_threshold")):
