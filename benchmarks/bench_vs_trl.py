@@ -36,6 +36,7 @@ peak GPU memory (``gpu_peak_memory_mb``); not run yet (no GPU here).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import tempfile
@@ -177,6 +178,7 @@ def _ours_worker(args, workload: dict) -> dict:
             weight = next(trainer.model.parameters())
             base, _ = load_model_and_tokenizer(config.model.name, dtype=weight.dtype, device=weight.device)
             trainer.ref_model = base.eval().requires_grad_(False)
+            trainer.parts = dataclasses.replace(trainer.parts, ref_model=trainer.ref_model)
         load_seconds = time.perf_counter() - start
         rss_after_load = current_rss_mb()
         rows = []
@@ -187,7 +189,7 @@ def _ours_worker(args, workload: dict) -> dict:
             trainer.start_overlap(pool)  # rollout.async_steps=1 only
             for _ in range(workload["warmup"] + workload["steps"]):
                 cpu_start, wall_start = time.process_time(), time.perf_counter()
-                row = train_step(trainer, pool, trainer.next_batch(pool))
+                row = train_step(trainer.parts, trainer.plan, pool, trainer.step, trainer.next_batch(pool))
                 cpu = time.process_time() - cpu_start
                 row["step_seconds"] = (
                     time.perf_counter() - wall_start

@@ -14,8 +14,9 @@ from tepo.advantages import (
     list_advantage_estimators,
     register_advantage_estimator,
 )
-from tepo.config import AlgorithmConfig, ConfigError, load_config, needs_reference_model
+from tepo.config import AlgorithmConfig, ConfigError, load_config
 from tepo.losses import list_policy_losses
+from tepo.training.plan import needs_reference_model
 
 
 def _all_inputs(n=4, t=3):

@@ -1,13 +1,11 @@
-"""``algorithm.rollout_correction`` / ``rollout_correction_options``: defaults, one-line errors naming the key
-(before any model loads), and how ``auto`` resolves."""
+"""``algorithm.rollout_correction`` / ``rollout_correction_options``: defaults and one-line errors naming the key
+(before any model loads). How ``auto`` resolves is the trainer's plan: tests/training/test_step_plan.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from tepo.config import ConfigError, load_config
-from tepo.losses import resolve_rollout_correction
-from tepo.losses.rollout_correction import AUTO_ROLLOUT_CORRECTION
 
 
 def test_defaults():
@@ -77,30 +75,3 @@ def test_each_problem_is_one_line_naming_the_key(overrides, line):
 )
 def test_valid_settings_load(overrides):
     load_config(None, overrides)
-
-
-@pytest.mark.parametrize(
-    ("setting", "backend", "expected"),
-    [
-        ("auto", "vllm", AUTO_ROLLOUT_CORRECTION),
-        ("auto", "hf", "none"),
-        ("mis", "hf", "mis"),
-        ("none", "vllm", "none"),
-    ],
-)
-def test_resolve_with_the_trainers_backend(setting, backend, expected):
-    config = load_config(None, [f"algorithm.rollout_correction={setting}"])
-    assert resolve_rollout_correction(config, backend=backend) == expected
-
-
-def test_auto_stays_off_under_top_p_but_an_explicit_mode_does_not():
-    config = load_config(None, ["rollout.top_p=0.9"])
-    assert resolve_rollout_correction(config, backend="vllm") == "none"
-    config = load_config(None, ["rollout.top_p=0.9", "algorithm.rollout_correction=tis"])
-    assert resolve_rollout_correction(config, backend="vllm") == "tis"
-
-
-def test_resolve_takes_the_backend_the_trainer_resolved():
-    config = load_config(None, ["rollout.backend=hf"])
-    assert resolve_rollout_correction(config, backend="hf") == "none"
-    assert AUTO_ROLLOUT_CORRECTION == "tis"

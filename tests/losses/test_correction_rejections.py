@@ -16,7 +16,6 @@ from tepo.losses.rollout_correction import (
     DROPPING_CORRECTIONS,
     MODE_OPTIONS,
     NORMALIZABLE_CORRECTIONS,
-    correction_needs_old_pass,
 )
 
 L = math.log
@@ -218,14 +217,6 @@ def test_normalised_weights_from_the_whole_batch_give_micro_batch_invariant_grad
     parts = [torch.arange(0, 2), torch.arange(2, 6)]
     torch.testing.assert_close(gradient(parts, per_part_weights=False), whole, rtol=1e-12, atol=1e-15)
     assert not torch.allclose(gradient(parts, per_part_weights=True), whole)
-
-
-def test_a_normalising_or_dropping_correction_needs_the_pre_update_pass():
-    assert not correction_needs_old_pass("tis", {})
-    assert not correction_needs_old_pass("seq_tis", {"cap": 3.0, "normalize": False})
-    assert correction_needs_old_pass("tis", {"normalize": True})
-    assert correction_needs_old_pass("seq_k3", {})
-    assert correction_needs_old_pass("seq_max_k2", {"threshold": 1.0})
 
 
 @pytest.mark.parametrize(

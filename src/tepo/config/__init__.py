@@ -17,7 +17,7 @@ Everything users imported from ``tepo.config`` before the split is importable fr
 
 from tepo.config.checks import MODEL_DTYPES, bf16_weights_on_cpu_message, validate
 from tepo.config.loading import RENAMED_KEYS, list_presets, load_config, parse_overrides, save_config
-from tepo.config.questions import config_warnings, loss_options, needs_reference_model
+from tepo.config.questions import config_warnings, loss_options
 from tepo.config.schema import (
     DEFAULT_PRESET,
     AlgorithmConfig,
@@ -61,7 +61,6 @@ __all__ = [
     "list_presets",
     "load_config",
     "loss_options",
-    "needs_reference_model",
     "parse_overrides",
     "save_config",
     "validate",

@@ -1,5 +1,5 @@
-"""Questions a run asks of its configuration: the loss's options, whether a reference model is needed, and the
-notes worth printing at start."""
+"""Questions a run asks of its configuration: the loss's options and the notes worth printing at start. (Which
+passes a step runs, the reference model's included, is decided in one place: ``tepo.training.plan``.)"""
 
 from __future__ import annotations
 
@@ -17,19 +17,6 @@ def loss_options(algo: AlgorithmConfig) -> dict:
     if algo.tepo_kl_mask_coef:
         options["tepo_kl_mask_coef"] = algo.tepo_kl_mask_coef
     return options
-
-
-def needs_reference_model(algo: AlgorithmConfig) -> bool:
-    """True when the KL penalty, the loss or the advantage estimator (as declared in its registry) reads
-    ``ref_logp``. Unknown estimator options raise ValueError (``validate`` reports them first)."""
-    from tepo.advantages import ADVANTAGE_ESTIMATORS, estimator_requires
-    from tepo.losses import POLICY_LOSSES
-
-    spec = POLICY_LOSSES.get(algo.loss)
-    needs = bool(algo.kl_coef) or (spec is not None and "ref_logp" in getattr(spec, "requires", ()))
-    if algo.advantage in ADVANTAGE_ESTIMATORS:
-        needs = needs or "ref_logp" in estimator_requires(algo.advantage, algo.advantage_options)
-    return needs
 
 
 def config_warnings(config: RunConfig) -> list[str]:

@@ -160,7 +160,7 @@ class AlgorithmConfig:
     max_resample_rounds: int = 0  # extra prompt batches drawn to refill a batch that dynamic sampling thinned
     # Off-policy correction for a sampler that is not the trainer's float32 policy (tepo.losses.rollout_correction):
     # none | tis | mis | seq_tis | seq_mask | seq_k3 | seq_max_k2, or auto (tis with the vllm backend at top_p 1, else
-    # none; resolved by tepo.losses.resolve_rollout_correction). Options: cap (tis, seq_tis), c_low / c_high (mis,
+    # none; resolved by tepo.training.plan). Options: cap (tis, seq_tis), c_low / c_high (mis,
     # seq_mask), threshold (seq_k3, seq_max_k2), normalize: true (tis, mis, seq_tis: weights rescaled to mean 1).
     rollout_correction: str = "auto"
     rollout_correction_options: dict[str, Any] = field(default_factory=dict)

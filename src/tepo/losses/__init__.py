@@ -40,7 +40,6 @@ from tepo.losses.registry import (
 from tepo.losses.regularizers import KL_ESTIMATORS, kl_estimate
 from tepo.losses.rollout_correction import (
     ROLLOUT_CORRECTIONS,
-    resolve_rollout_correction,
     rollout_correction_weights,
     rollout_mismatch_metrics,
 )
@@ -63,7 +62,6 @@ __all__ = [
     "mini_batch_stats",
     "needs_mini_batch_stats",
     "register_policy_loss",
-    "resolve_rollout_correction",
     "rollout_correction_weights",
     "rollout_mismatch_metrics",
     "valid_options",

@@ -65,15 +65,16 @@ TRL instead zeroes the weight and keeps them in the denominator). ``w`` is also 
 passes the weights gets TRL's reading. The weights are constants (computed from detached log-probs): IS weights
 change the measure, not the objective (verl ``rollout_corr_math.md`` sec. 3.2.2).
 
-`rollout_mismatch_metrics` measures the gap itself (KL(pi_s || pi_old), |log rho|, out-of-range shares);
-`resolve_rollout_correction` turns the config's ``auto`` into a mode.
+`rollout_mismatch_metrics` measures the gap itself (KL(pi_s || pi_old), |log rho|, out-of-range shares). Turning
+the config's ``auto`` into a mode, and deciding which pass computes the weights, is the trainer's
+(``tepo.training.plan``): this module holds tensor functions only.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -134,13 +135,6 @@ def verl_k1_bounds(spec: Any) -> tuple[float, float]:
         )
         raise ValueError(f"must give verl bounds 0 < lower <= upper, got {spec!r}{hint}")
     return 1.0 / upper, 1.0 / lower
-
-
-def correction_needs_old_pass(mode: str, options: dict[str, Any]) -> bool:
-    """True when ``mode`` with ``options`` must be computed from a pass before the update over the whole batch:
-    it drops tokens (they leave the token counts) or normalises over the batch (a per-micro-batch mean would
-    depend on the split)."""
-    return mode in DROPPING_CORRECTIONS or bool(isinstance(options, dict) and options.get(NORMALIZE))
 
 
 def rollout_correction_option_errors(mode: str, options: dict[str, Any]) -> list[str]:
@@ -243,7 +237,36 @@ def rollout_correction_weights(
     (valid tokens whose weight was capped), ``is_dropped_frac`` (valid tokens dropped),
     ``is_dropped_seq_frac`` (non-empty rows with a dropped token) and, with ``normalize``,
     ``is_batch_norm_factor`` (the mean the weights were divided by; 1.0 when it was <= 1e-8).
+
+    The two halves are public for a caller that computes the weights in parts (the trainer's update, micro-batch
+    by micro-batch) and the metrics once over the whole batch: `rollout_correction_tokens`, then
+    `rollout_correction_metrics` on the parts put back together.
     """
+    tokens = rollout_correction_tokens(old_logp, rollout_logp, mask, mode=mode, **options)
+    metrics = rollout_correction_metrics(tokens, mask)
+    return tokens.weights, tokens.keep, metrics
+
+
+class CorrectionTokens(NamedTuple):
+    """Per-token results of a rollout correction, ``[N, T]`` each: the weights (0 where not kept), ``keep``
+    (bool), ``truncated`` (bool: valid tokens whose weight was capped), and ``norm_factor`` (the mean the
+    weights were divided by under ``normalize``, else None)."""
+
+    weights: torch.Tensor
+    keep: torch.Tensor
+    truncated: torch.Tensor
+    norm_factor: float | None = None
+
+
+def rollout_correction_tokens(
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    mode: str,
+    **options: float,
+) -> CorrectionTokens:
+    """The per-token half of `rollout_correction_weights` (same arguments), without its metrics."""
     if mode not in ROLLOUT_CORRECTIONS:
         raise ValueError(
             f"unknown rollout correction mode {mode!r}; expected one of: {', '.join(ROLLOUT_CORRECTIONS)}"
@@ -284,24 +307,30 @@ def rollout_correction_weights(
         weights = ones
     zero = torch.zeros((), dtype=dtype, device=log_ratio.device)
     weights = torch.where(keep, weights, zero).detach()
-    norm_metrics = {}
+    factor = None
     if opts.get(NORMALIZE):
         weights, factor = _batch_normalized(weights, keep, per_sequence=mode == "seq_tis")
-        norm_metrics["is_batch_norm_factor"] = factor
+    return CorrectionTokens(weights, keep, truncated, factor)
 
+
+def rollout_correction_metrics(tokens: CorrectionTokens, mask: torch.Tensor) -> dict[str, float]:
+    """The metrics of `rollout_correction_weights` (python floats) from its per-token results ``tokens`` over the
+    valid tokens ``mask``: means over the tokens and rows given here, so give it the whole batch."""
+    weights, keep, truncated = tokens.weights, tokens.keep, tokens.truncated
+    valid = mask.bool()
+    dtype = weights.dtype
     rows = valid.any(dim=-1)
     dropped = valid & ~keep
     kept_weights = weights[keep]
-    metrics = {
+    return {
         "is_weight_mean": _masked_mean(weights, keep, empty=1.0),
         "is_weight_min": float(kept_weights.min().item()) if kept_weights.numel() else 1.0,
         "is_weight_max": float(kept_weights.max().item()) if kept_weights.numel() else 1.0,
         "is_truncated_frac": _masked_mean(truncated.to(dtype), valid, empty=0.0),
         "is_dropped_frac": _masked_mean(dropped.to(dtype), valid, empty=0.0),
         "is_dropped_seq_frac": _masked_mean(dropped.any(dim=-1).to(dtype), rows, empty=0.0),
-        **norm_metrics,
+        **({"is_batch_norm_factor": tokens.norm_factor} if tokens.norm_factor is not None else {}),
     }
-    return weights, keep, metrics
 
 
 def _row_divergence(log_ratio: torch.Tensor, valid: torch.Tensor, mode: str) -> torch.Tensor:
@@ -395,19 +424,3 @@ def rollout_mismatch_metrics(
         "mismatch_seq_ratio_min": seq_stats[2],
         "mismatch_seq_ratio_max": seq_stats[3],
     }
-
-
-def resolve_rollout_correction(config: Any, *, backend: str) -> str:
-    """The mode to run for ``config`` (a `tepo.config.RunConfig`): ``algorithm.rollout_correction`` itself, except
-    ``auto``, which is `AUTO_ROLLOUT_CORRECTION` when another engine samples (the vllm backend, bf16 by default)
-    and ``none`` when the trainer's own model object samples (hf) or when ``rollout.top_p < 1``: the trainer
-    scores without the nucleus, so its ratio to the sampler would hold log(nucleus mass) <= 0 on every token, not
-    only the engine mismatch (docs/offpolicy.md); set a mode explicitly to correct anyway. ``backend``: the
-    rollout backend the trainer resolved (``auto`` already turned into a name; this module does not look for one).
-    """
-    name = config.algorithm.rollout_correction
-    if name != AUTO:
-        return name
-    if config.rollout.top_p < 1:
-        return "none"
-    return AUTO_ROLLOUT_CORRECTION if backend == "vllm" else "none"

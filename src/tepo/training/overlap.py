@@ -13,10 +13,14 @@ them, and each batch's sampling seeds are those of its step, as in the synchrono
 
 from __future__ import annotations
 
+import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import torch
+
 from tepo.training.collect import Collected
+from tepo.training.parts import StepParts
 from tepo.training.step import collect_step
 
 # Measured with the default run on a 2-core machine (docs/performance.md, "Overlapped rollouts"): 27.0 s per
@@ -36,11 +40,35 @@ def overlap_cores_note(cpu_cores: int, engine_on_gpu: bool) -> str | None:
     )
 
 
-class RolloutPrefetch:
-    """At most one batch in flight, sampled for a known step in a background thread."""
+def keep_off_engine_cores(rollout, log) -> tuple | None:
+    """Before overlapping: log :func:`overlap_cores_note`'s note, if any, and where the engine has cores of its own
+    (``rollout.trainer_cores``), keep this process's threads on the others (two OpenMP teams on the same cores
+    slow both down). Returns what :func:`restore_cores` gives back, or None when nothing was changed."""
+    note = overlap_cores_note(len(os.sched_getaffinity(0)), engine_on_gpu=torch.cuda.is_available())
+    if note:
+        log(f"note: {note}")
+    cores = getattr(rollout, "trainer_cores", None)
+    if not cores:
+        return None
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(min(torch.get_num_threads(), len(cores)))
+    return before
 
-    def __init__(self, trainer, pool):
-        self.trainer, self.pool = trainer, pool
+
+def restore_cores(before: tuple) -> None:
+    """Give the process back the cores and threads :func:`keep_off_engine_cores` recorded."""
+    cores, threads = before
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
+
+
+class RolloutPrefetch:
+    """At most one batch in flight, sampled for a known step in a background thread from the run's ``parts``
+    (their rollout backend and prompt stream)."""
+
+    def __init__(self, parts: StepParts, pool):
+        self.parts, self.pool = parts, pool
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tepo-rollout")
         self._future: Future | None = None
         self._step: int | None = None
@@ -52,10 +80,10 @@ class RolloutPrefetch:
         """Sample and score step ``step``'s batch in the background; returns the seconds the weight copy took."""
         if self._future is not None:
             raise RuntimeError("a rollout is already in flight")
-        self.stream_state = self.trainer.stream.state_dict()
-        copy_seconds = self.trainer.rollout.stage_weights()
+        self.stream_state = self.parts.stream.state_dict()
+        copy_seconds = self.parts.rollout.stage_weights()
         self._step = step
-        self._future = self._executor.submit(collect_step, self.trainer, self.pool, step)
+        self._future = self._executor.submit(collect_step, self.parts, self.pool, step)
         return copy_seconds
 
     def take(self, step: int) -> Collected | None:
@@ -67,7 +95,7 @@ class RolloutPrefetch:
         try:
             collected = future.result()
         finally:
-            self.trainer.rollout.end_staging()
+            self.parts.rollout.end_staging()
         collected.metrics["rollout_wait_seconds"] = time.perf_counter() - start
         collected.metrics["policy_lag"] = 1
         return collected
@@ -77,7 +105,7 @@ class RolloutPrefetch:
         an evaluation) and the stream no longer moves."""
         if self._future is not None:
             self._future.exception()  # waits; an error surfaces at take()
-            self.trainer.rollout.end_staging()
+            self.parts.rollout.end_staging()
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

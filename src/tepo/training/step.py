@@ -2,7 +2,9 @@
 -> update -> mismatch metrics -> record.
 
 Each phase is a plain function of its parts (``collect_rollouts``, ``batch_logprobs``, ``compute_advantages``,
-``update_policy``, ``record_rollout_tokens``); this module only puts them in order and times them. The trainer
+``update_policy``, ``record_rollout_tokens``); this module only puts them in order and times them. A step is
+handed the run's parts (:class:`tepo.training.parts.StepParts`) and the passes it runs
+(:class:`tepo.training.plan.StepPlan`, decided once at start), never the trainer: the trainer
 (``tepo.training.trainer``) owns everything around a step: set-up, evaluation, checkpoints, the metrics log.
 """
 
@@ -13,7 +15,7 @@ import time
 
 import torch
 
-from tepo.advantages import compute_advantages, estimator_requires
+from tepo.advantages import compute_advantages
 from tepo.lora import scoring
 from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
 from tepo.metrics.tokens import record_step_samples
@@ -21,6 +23,8 @@ from tepo.rewards.functions import parse_reward_functions
 from tepo.rewards.shaping import mask_truncated
 from tepo.training.collect import Collected, collect_rollouts
 from tepo.training.logprob_pass import batch_logprobs
+from tepo.training.parts import StepParts
+from tepo.training.plan import StepPlan
 from tepo.training.schedule import advance_schedule
 from tepo.training.update import RowTensors, update_policy
 
@@ -30,35 +34,36 @@ def step_seed(seed: int, step: int) -> int:
     return seed * 1_000_003 + step * 101
 
 
-def collect_step(trainer, pool, step: int) -> Collected:
+def collect_step(parts: StepParts, pool, step: int) -> Collected:
     """Phases 1-2 of step ``step + 1``: sample G responses per prompt from the rollout backend as it is now, and
     verify them; dynamic sampling drops all-equal groups and refills. Runs in a background thread when rollouts
     overlap the update (``tepo.training.overlap``)."""
-    c = trainer.config
+    c = parts.config
     return collect_rollouts(
-        trainer.rollout,
-        trainer.tokenizer,
-        trainer.stream,
+        parts.rollout,
+        parts.tokenizer,
+        parts.stream,
         pool,
-        trainer.sampler,
+        parts.sampler,
         prompts=c.train.prompts_per_step,
         seed=step_seed(c.train.seed, step),
         dynamic_sampling=c.algorithm.dynamic_sampling,
         max_resample_rounds=c.algorithm.max_resample_rounds,
-        overlong=trainer.overlong,
+        overlong=parts.overlong,
         reward_functions=parse_reward_functions(c.reward.functions)[0],
     )
 
 
-def train_step(trainer, pool, collected: Collected | None = None) -> dict:
-    """Run step ``trainer.step + 1`` on ``collected`` (sampled now when None) and return its metrics row."""
-    c, parts = trainer.config, trainer
+def train_step(parts: StepParts, plan: StepPlan, pool, step: int, collected: Collected | None = None) -> dict:
+    """Run step ``step + 1`` (``step`` steps are done) on ``collected`` (sampled now when None) and return its
+    metrics row. Reads ``parts`` and ``plan`` only; the caller counts the step and measures its seconds."""
+    c = parts.config
 
     # 1-2. Sample and score (unless an overlapped rollout already did, one policy version behind).
     if collected is None:
-        collected = collect_step(trainer, pool, trainer.step)
+        collected = collect_step(parts, pool, step)
     row = {
-        "step": trainer.step + 1,
+        "step": step + 1,
         "policy_lag": 0,
         **collected.metrics,
     }  # lag 1: sampled during the last update
@@ -67,7 +72,7 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
         advance_schedule(parts.scheduler, parts.updates_per_step)
         return row | {"skipped_update": 1, "skip_reason": "dynamic sampling kept no group"}
     # Sampled on the host; from here on everything runs on the trainer's device (tepo.device; no copy on the CPU).
-    batch, rewards = collected.batch.to(trainer.device), collected.rewards.to(trainer.device)
+    batch, rewards = collected.batch.to(parts.device), collected.rewards.to(parts.device)
     mask = batch.response_mask
     lengths = mask.sum(1)
     row.update(
@@ -81,8 +86,8 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
     #    and the reference policy's log-probs (KL penalty, reference-based estimators).
     start = time.perf_counter()
     old_logp = old_entropy = ref_logp = sum_pi_squared = None
-    if parts.needs_old_pass:
-        if "sum_pi_squared" in estimator_requires(c.algorithm.advantage, c.algorithm.advantage_options):
+    if plan.needs_old_pass:
+        if plan.old_pass_sum_pi_squared:
             old_logp, old_entropy, sum_pi_squared = batch_logprobs(
                 parts.model, batch, parts.logprob_settings, entropy=True, sum_pi_squared=True
             )
@@ -108,20 +113,20 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
         entropy=old_entropy,
         mask=mask,
         sum_pi_squared=sum_pi_squared,
-        reward_components=components.to(trainer.device) if components is not None else None,
-        reward_weights=torch.tensor(weights, device=trainer.device),
+        reward_components=components.to(parts.device) if components is not None else None,
+        reward_weights=torch.tensor(weights, device=parts.device),
         **c.algorithm.advantage_options,
     )
 
     # 5. The loss mask, and the off-policy correction of the sampler/trainer gap, computed once per step: importance
     #    weights (and dropped tokens) from the old-policy pass, or, when there is none, per micro-batch from the
-    #    update's own forward pass (parts.update_plan.correction) and its metrics after the update.
+    #    update's own forward pass (plan.update_correction), which also returns their whole-batch metrics.
     #    DAPO's overlong filtering leaves truncated responses out of the loss (after their group statistics).
     loss_mask = mask_truncated(mask, batch.truncated) if c.reward.overlong_filter else mask
     is_weights, correction_metrics = None, None
-    if parts.correction is not None and old_logp is not None:
+    if plan.correction is not None and old_logp is not None:
         is_weights, keep, correction_metrics = rollout_correction_weights(
-            old_logp, batch.rollout_logp, mask, mode=parts.correction.mode, **parts.correction.options
+            old_logp, batch.rollout_logp, mask, mode=plan.correction.mode, **plan.correction.options
         )
         loss_mask = loss_mask * keep
 
@@ -142,32 +147,25 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
             rollout_logp=batch.rollout_logp,
         ),
         parts.update_plan,
-        generator=torch.Generator().manual_seed(c.train.seed * 7919 + trainer.step),
+        generator=torch.Generator().manual_seed(c.train.seed * 7919 + step),
         after_optimizer_step=parts.rollout.weights_updated,
     )
     update_seconds = time.perf_counter() - start
     token_entropy, token_logp = update.pop("token_entropy"), update.pop("token_logp")
+    correction_metrics = update.pop("correction_metrics", correction_metrics)  # from the in-loop correction
     trainer_logp = old_logp if old_logp is not None else token_logp  # the pre-update policy, pi_old
 
     # 7. How far the sampler was from the trainer's policy on this batch, and what the correction did.
     if batch.rollout_logp is not None:
         row.update(rollout_mismatch_metrics(trainer_logp, batch.rollout_logp, mask))
-        if parts.correction is not None:
-            if correction_metrics is None:  # corrected in the update's loop: its whole-batch metrics, once
-                correction_metrics = rollout_correction_weights(
-                    trainer_logp,
-                    batch.rollout_logp,
-                    mask,
-                    mode=parts.correction.mode,
-                    **parts.correction.options,
-                )[2]
+        if correction_metrics is not None:
             row.update(correction_metrics)
 
     # 8. Record a sample of tokens with their pre-update entropy and advantage (the report's token view).
-    if c.log.samples_every and (trainer.step + 1) % c.log.samples_every == 0:
+    if c.log.samples_every and (step + 1) % c.log.samples_every == 0:
         record_step_samples(  # decodes only the samples_rows rows the file keeps
-            trainer.run_dir,
-            trainer.step + 1,
+            parts.run_dir,
+            step + 1,
             parts.tokenizer,
             batch.response_ids,
             old_entropy if old_entropy is not None else token_entropy,
@@ -190,6 +188,6 @@ def train_step(trainer, pool, collected: Collected | None = None) -> dict:
         row.update(parity)
     row["lr"] = parts.scheduler.get_last_lr()[0]
     row["peak_memory_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-    if trainer.device.type == "cuda":  # the GPU's own peak since the run started (allocated by torch)
-        row["gpu_peak_memory_mb"] = torch.cuda.max_memory_allocated(trainer.device) / 2**20
+    if parts.device.type == "cuda":  # the GPU's own peak since the run started (allocated by torch)
+        row["gpu_peak_memory_mb"] = torch.cuda.max_memory_allocated(parts.device) / 2**20
     return row  # step_seconds: measured by the caller (Trainer.run), waiting for an overlapped batch included

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import torch
 
-from tepo.advantages import estimator_requires
 from tepo.checkpoint import (
     atomic_write_text,
     find_latest_checkpoint,
@@ -37,25 +35,21 @@ from tepo.config import (
     RunConfig,
     config_warnings,
     load_config,
-    loss_options,
-    needs_reference_model,
     save_config,
 )
 from tepo.data import PromptStream
-from tepo.losses import get_policy_loss
-from tepo.losses.rollout_correction import correction_needs_old_pass, resolve_rollout_correction
 from tepo.metrics import MetricsLog, read_metrics, truncate_metrics
 from tepo.precision import Precision, resolve_precision
 from tepo.rewards import MathRewardPool
 from tepo.rollout.base import RolloutError
-from tepo.training.collect import Collected, OverlongShaping, SamplerSettings
+from tepo.training.collect import Collected
 from tepo.training.datasets import load_datasets
 from tepo.training.evaluation import evaluate_held_out
-from tepo.training.logprob_pass import LogprobSettings
-from tepo.training.overlap import RolloutPrefetch, overlap_cores_note
+from tepo.training.overlap import RolloutPrefetch, keep_off_engine_cores, restore_cores
+from tepo.training.parts import StepParts, build_step_parts
+from tepo.training.plan import StepPlan, plan_step
 from tepo.training.schedule import lr_factor, updates_per_step
 from tepo.training.step import collect_step, train_step
-from tepo.training.update import RolloutCorrection, UpdatePlan, UpdateSettings
 
 EVAL_BEFORE = "eval_before.json"
 
@@ -117,10 +111,11 @@ class Trainer:
 
             log(make_deterministic(self.device))
 
+        self.plan = self._plan()
         self._setup_model()
         self._setup_rollout()
         self._setup_optimizer()
-        self._setup_step_settings()
+        self.parts = self._setup_step_parts()
 
         self.step = 0
         self.bad_steps_in_row = 0
@@ -129,6 +124,12 @@ class Trainer:
         self._prefetch: RolloutPrefetch | None = None  # rollout.async_steps=1: the batch sampled ahead
         self._cpu_before_overlap: tuple | None = None
         self.inexact_resume_at_step: int | None = None  # set when resumed without the optimizer's moments
+
+    def _plan(self) -> StepPlan:
+        """Which passes every step runs (tepo.training.plan), decided once: the reference model's set-up reads it."""
+        from tepo.rollout.registry import choose_rollout_backend
+
+        return plan_step(self.config, backend=choose_rollout_backend(self.config.rollout)[0])
 
     def _setup_model(self) -> None:
         """The policy on the run's device (LoRA adapters where asked), the reference policy where the algorithm needs
@@ -146,7 +147,7 @@ class Trainer:
             log(device_note(self.device, self.model))
         # The reference policy: a frozen copy of the model, or with LoRA the policy with its adapters off.
         self.ref_model = None
-        if needs_reference_model(c.algorithm) and c.model.lora.rank <= 0:
+        if self.plan.needs_reference_model and c.model.lora.rank <= 0:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         if c.model.lora.rank > 0:
             from tepo.lora import LoraTargetError, apply_lora
@@ -157,7 +158,7 @@ class Trainer:
                 raise ConfigError(str(err)) from None
             trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             log(f"LoRA rank {c.model.lora.rank}: training {trained:,} adapter parameters")
-            if needs_reference_model(c.algorithm):
+            if self.plan.needs_reference_model:
                 from tepo.lora import AdaptersOff
 
                 # The base model with the adapters switched off is the initial policy (B starts at zero):
@@ -168,10 +169,9 @@ class Trainer:
             _enable_activation_checkpointing(self.model)
 
     def _setup_rollout(self) -> None:
-        """The rollout backend (its parity guard where it runs a separate engine) and the off-policy correction of its
-        gap to the trainer."""
+        """The rollout backend (its parity guard where it runs a separate engine); the off-policy correction of its
+        gap to the trainer is the plan's."""
         from tepo.rollout import make_rollout_from_config
-        from tepo.rollout.registry import choose_rollout_backend
 
         c, log = self.config, self.log
         self.rollout = make_rollout_from_config(
@@ -188,14 +188,8 @@ class Trainer:
                 engine_dtype=getattr(torch, self.rollout.dtype),
             )
         # Off-policy correction of the sampler/trainer gap (auto: on where another engine samples).
-        mode = self.correction_mode = resolve_rollout_correction(
-            c, backend=choose_rollout_backend(c.rollout)[0]
-        )
-        self.correction = (
-            RolloutCorrection(mode, dict(c.algorithm.rollout_correction_options)) if mode != "none" else None
-        )
-        if self.correction is not None:
-            log(f"rollout correction: {mode} {self.correction.options or '(default thresholds)'}")
+        if (correction := self.plan.correction) is not None:
+            log(f"rollout correction: {correction.mode} {correction.options or '(default thresholds)'}")
 
     def _setup_optimizer(self) -> None:
         """AdamW over the trained parameters, the learning-rate schedule, the prompt stream."""
@@ -213,59 +207,20 @@ class Trainer:
         )
         self.stream = PromptStream(self.train_problems, seed=c.train.seed)
 
-    def _setup_step_settings(self) -> None:
-        """How each phase of a step runs (read by tepo.training.step): sampling, shaping, log-prob passes, the update
-        and the passes it needs."""
-        c = self.config
-        self.sampler = SamplerSettings(
-            group_size=c.rollout.group_size,
-            max_new_tokens=c.rollout.max_new_tokens,
-            temperature=c.rollout.temperature,
-            top_p=c.rollout.top_p,
-            instruction=c.data.instruction,
-            return_logprobs=True,  # the sampler's own log-probs: mismatch metrics and the correction
-        )
-        self.overlong = (
-            OverlongShaping(
-                c.rollout.max_new_tokens, c.reward.overlong_buffer, c.reward.overlong_penalty_factor
-            )
-            if c.reward.overlong_buffer
-            else None
-        )
-        self.logprob_settings = LogprobSettings(
-            micro_batch_size=c.train.micro_batch_size,
-            temperature=c.rollout.temperature,
-            autocast_bf16=c.model.autocast_bf16,
-            share_prompt_prefix=c.model.share_prompt_prefix,
-            train_attention=c.model.train_attention,
-            micro_batch_tokens=c.train.micro_batch_tokens,
-        )
-        self.update_settings = UpdateSettings(
-            loss=c.algorithm.loss,
-            loss_options=loss_options(c.algorithm),
-            epochs=c.train.ppo_epochs,
-            mini_batch_groups=c.train.mini_batch_prompts or c.train.prompts_per_step,
-            group_size=c.rollout.group_size,
-            max_grad_norm=c.optim.max_grad_norm,
-            max_len=float(c.rollout.max_new_tokens),
-        )
-        # A separate pre-update pass is needed when the policy changes between updates of one rollout, or when the
-        # estimator reads the pre-update policy; otherwise the single update's own forward pass is the old policy
-        # (its ratio is exactly 1 in value, as in verl's on-policy shortcut).
-        # A correction that drops tokens must know them before the token counts are taken (one that normalises its
-        # weights needs the whole batch's), and a loss with mini-batch statistics needs the pre-update log-probs of
-        # the whole mini-batch.
-        needs = estimator_requires(c.algorithm.advantage, c.algorithm.advantage_options)
-        self.needs_old_pass = (
-            self.updates_per_step > 1
-            or bool(needs & {"logp", "old_logp", "entropy", "sum_pi_squared"})
-            or correction_needs_old_pass(self.correction_mode, c.algorithm.rollout_correction_options)
-            or get_policy_loss(c.algorithm.loss).needs_batch_stats
-        )
-        # Without an old-policy pass, a correction (one that drops nothing) is computed per micro-batch from the
-        # update's own forward pass; with one, the step computes it once and hands its weights to the update.
-        self.update_plan = UpdatePlan(
-            self.update_settings, self.logprob_settings, None if self.needs_old_pass else self.correction
+    def _setup_step_parts(self) -> StepParts:
+        """What every step is handed (tepo.training.parts): the run's parts and how each phase runs."""
+        return build_step_parts(
+            self.config,
+            self.plan,
+            model=self.model,
+            ref_model=self.ref_model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            rollout=self.rollout,
+            tokenizer=self.tokenizer,
+            stream=self.stream,
+            device=self.device,
+            run_dir=self.run_dir,
         )
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
@@ -349,26 +304,15 @@ class Trainer:
     def start_overlap(self, pool) -> None:
         """With ``rollout.async_steps=1``, sample ahead from now on (see :meth:`next_batch`)."""
         if self.config.rollout.async_steps and self._prefetch is None:
-            # The engine has a core of its own while it samples during the update: keep the trainer's threads off it
-            # (two OpenMP teams on the same cores slow both down).
-            cores = getattr(self.rollout, "trainer_cores", None)
-            note = overlap_cores_note(len(os.sched_getaffinity(0)), engine_on_gpu=torch.cuda.is_available())
-            if note:
-                self.log(f"note: {note}")
-            if cores:
-                self._cpu_before_overlap = (os.sched_getaffinity(0), torch.get_num_threads())
-                os.sched_setaffinity(0, cores)
-                torch.set_num_threads(min(torch.get_num_threads(), len(cores)))
-            self._prefetch = RolloutPrefetch(self, pool)
+            self._cpu_before_overlap = keep_off_engine_cores(self.rollout, self.log)
+            self._prefetch = RolloutPrefetch(self.parts, pool)
 
     def stop_overlap(self) -> None:
         if self._prefetch is not None:
             self._prefetch.close()
             self._prefetch = None
-        if self._cpu_before_overlap is not None:  # give the process its cores and threads back
-            cores, threads = self._cpu_before_overlap
-            os.sched_setaffinity(0, cores)
-            torch.set_num_threads(threads)
+        if self._cpu_before_overlap is not None:
+            restore_cores(self._cpu_before_overlap)
             self._cpu_before_overlap = None
 
     def next_batch(self, pool) -> Collected | None:
@@ -378,7 +322,7 @@ class Trainer:
             return None
         collected = self._prefetch.take(self.step)
         if collected is None:  # the first step of this process: nothing was sampled ahead
-            collected = collect_step(self, pool, self.step)
+            collected = collect_step(self.parts, pool, self.step)
         if self.step + 1 < self.config.train.steps:
             copy_seconds = self._prefetch.start(self.step + 1)
             collected.metrics["rollout_stage_seconds"] = copy_seconds
@@ -412,7 +356,7 @@ class Trainer:
                 while self.step < c.train.steps:
                     started = time.perf_counter()
                     doing = f"step {self.step + 1}'s rollout"
-                    row = train_step(self, pool, self.next_batch(pool))
+                    row = train_step(self.parts, self.plan, pool, self.step, self.next_batch(pool))
                     row["step_seconds"] = time.perf_counter() - started  # waiting for an overlapped batch too
                     self.step += 1
                     stop = self._count_bad_step(row)

@@ -17,7 +17,11 @@ from torch import Tensor
 
 from tepo.losses import compute_policy_loss, mini_batch_stats, needs_mini_batch_stats
 from tepo.losses._common import deferred_metrics, resolve_values
-from tepo.losses.rollout_correction import rollout_correction_weights
+from tepo.losses.rollout_correction import (
+    CorrectionTokens,
+    rollout_correction_metrics,
+    rollout_correction_tokens,
+)
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, held_attention, release_free_heap, rows_logprobs
 from tepo.training.micro_batches import MicroBatchLayout, RowLengths, split_rows
@@ -186,7 +190,8 @@ def update_policy(
 ) -> dict:
     """Run every optimizer update of one step; returns averaged loss metrics, ``update_padding_share`` (the share
     of the tokens the update's forward passes computed that were padding) and, as ``token_entropy`` and
-    ``token_logp``, the epoch-0 (pre-update) policy's per-token entropy and log-probs ``[N, T]``.
+    ``token_logp``, the epoch-0 (pre-update) policy's per-token entropy and log-probs ``[N, T]``; with
+    ``plan.correction``, ``correction_metrics``: the metrics of the weights it computed, over the whole batch.
 
     ``tensors`` holds every per-row tensor (:class:`RowTensors`); ``plan`` the loss, the passes' numerics and
     micro-batch layout, and an in-loop rollout correction (:class:`UpdatePlan`). The LR schedule follows planned
@@ -195,8 +200,10 @@ def update_policy(
 
     Off-policy correction comes in one of two forms: ``tensors.is_weights`` with ``tensors.mask`` already less
     the tokens the correction dropped, when old log-probs exist before the update; or ``plan.correction``,
-    computed per micro-batch from the update's own forward pass, for modes that drop nothing. Either way a
-    token's weight depends on its own row only, so the micro-batch layout leaves the gradient unchanged.
+    computed per micro-batch from the update's own forward pass, for modes that drop nothing (each token's
+    weight once per step: the metrics are taken from the weights put back together, not from a second call).
+    Either way a token's weight depends on its own row only, so the micro-batch layout leaves the gradient
+    unchanged.
 
     Losses whose statistics span the mini-batch (``spec.needs_batch_stats``: the covariance losses) and the
     batch-wide token selections (``top_entropy_quantile``, ``m2po_threshold``) get them from the mini-batch's
@@ -214,6 +221,7 @@ def update_policy(
     grad_norms, skipped, updates = [], 0, 0
     token_entropy = torch.zeros_like(mask)
     token_logp = torch.zeros_like(mask)
+    correction = None  # plan.correction's per-token results of the whole batch, put together micro-batch by micro-batch
     # Read to the host once per step: the token budget's planner and the padding share both use them.
     lengths = RowLengths.of(batch)
     padded = [0, 0]  # (computed, real) tokens of the epoch-0 micro-batches, for update_padding_share
@@ -279,9 +287,19 @@ def update_policy(
                     old_ent = ent.detach() if part.old_entropy is None else part.old_entropy
                     token_weights = part.is_weights
                     if plan.correction is not None:
-                        token_weights, _, _ = rollout_correction_weights(
-                            old, part.rollout_logp, m, mode=plan.correction.mode, **plan.correction.options
+                        # Over the rows' response tokens, not only the loss's: the loss ignores the weights of the
+                        # tokens it masks, and the step's metrics are over every response token (as with an
+                        # old pass). A mode here drops nothing, so the loss mask needs no change.
+                        tokens = rollout_correction_tokens(
+                            old,
+                            part.rollout_logp,
+                            batch.response_mask[micro][:, cols],
+                            mode=plan.correction.mode,
+                            **plan.correction.options,
                         )
+                        token_weights = tokens.weights
+                        if epoch == 0:
+                            correction = _place(correction, tokens, (micro, cols), mask.shape)
                     loss, metrics = compute_policy_loss(
                         settings.loss,
                         logp=logp,
@@ -353,6 +371,28 @@ def update_policy(
     out["skipped_updates"] = skipped
     if padded[0]:
         out["update_padding_share"] = 1.0 - padded[1] / padded[0]
+    if correction is not None:
+        out["correction_metrics"] = rollout_correction_metrics(correction, batch.response_mask)
     out["token_entropy"] = token_entropy
     out["token_logp"] = token_logp
     return out
+
+
+def _place(
+    whole: CorrectionTokens | None, part: CorrectionTokens, where: tuple, shape: torch.Size
+) -> CorrectionTokens:
+    """``whole`` (zeros and False where no micro-batch wrote yet, made on first use in ``part``'s dtype) with
+    ``part`` written at ``where`` = (rows, cols): the whole batch's correction, for its metrics, computed once.
+
+    Each token's weight comes from its own row only (token modes: its own ratio; sequence modes: its row's), so
+    the assembled weights are those of one whole-batch call (bit for bit in token modes; in sequence modes up to
+    the summation order of a row's log-ratios over its trimmed columns)."""
+    if whole is None:
+        weights = torch.zeros(shape, dtype=part.weights.dtype, device=part.weights.device)
+        flags = torch.zeros(shape, dtype=torch.bool, device=part.weights.device)
+        whole = CorrectionTokens(weights, flags, flags.clone())
+    rows, cols = where
+    whole.weights[rows, cols] = part.weights
+    whole.keep[rows, cols] = part.keep
+    whole.truncated[rows, cols] = part.truncated
+    return whole
