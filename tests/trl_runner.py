@@ -149,3 +149,38 @@ def loss_and_grad(trainer, fn):
     grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
     trainer.model.zero_grad(set_to_none=True)
     return loss.detach(), grads
+
+
+def policy_logps(trainer, batch, **options):
+    """The trainer's own log-prob pass over a TRL micro-batch's prompts and completions: (logps, entropies, _)."""
+    return trainer._get_per_token_logps_and_entropies(
+        trainer.model,
+        torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
+        torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1),
+        batch["completion_ids"].shape[1],
+        **options,
+    )
+
+
+def random_micro_batch(trainer, gen, lengths, advantages, prompt_len: int, comp_len: int, slices: int = 1):
+    """A TRL micro-batch drawn from ``gen``: random prompt and completion ids, completions of the given
+    ``lengths``, ``num_items_in_batch`` as if it were 1 of ``slices``, and old log-probs 0.3-noise off the
+    policy's (``trainer``'s own pass, returned beside the batch as ``logps``)."""
+    rows = len(lengths)
+    vocab = trainer.model.config.vocab_size
+    mask = torch.ones(rows, comp_len, dtype=torch.long)
+    for i, length in enumerate(lengths):
+        mask[i, length:] = 0
+    batch = {
+        "prompt_ids": torch.randint(0, vocab, (rows, prompt_len), generator=gen),
+        "prompt_mask": torch.ones(rows, prompt_len, dtype=torch.long),
+        "completion_ids": torch.randint(0, vocab, (rows, comp_len), generator=gen),
+        "completion_mask": mask,
+        "advantages": torch.tensor(advantages),
+        "num_items_in_batch": torch.tensor(float(mask.sum() * slices)),
+    }
+    with torch.no_grad():
+        logps, _, _ = policy_logps(trainer, batch)
+    # Old policy a little off the current one, so ratios differ from 1 and some get clipped.
+    batch["old_per_token_logps"] = logps + 0.3 * torch.randn(logps.shape, generator=gen)
+    return batch, logps

@@ -223,18 +223,14 @@ for label, policy_loss, agg, tepo_v2, use_is, whole_batch in CASES:
         fields[OLD_ENTROPY_KEY] = old_ent  # where TepoRayPPOTrainer keeps pi_old's entropies
     batch = DataProto.from_single_dict(fields, meta_info={"temperature": 1.0})
     td = left_right_2_no_padding(batch.to_tensordict())  # the driver's conversion (ray_trainer._update_actor)
-    tu.assign_non_tensor(
-        td,
-        calculate_entropy=tepo_v2,
-        distillation_use_topk=False,
-        distillation_only=False,
-        global_batch_size=B,
-        mini_batch_size=B,
-        epochs=1,
-        seed=42,
-        dataloader_kwargs={"shuffle": False},
-        compute_loss=True,
+    # what verl's trainer sets on the update's batch: one mini-batch of the whole batch, one epoch, the loss on
+    meta = dict(
+        calculate_entropy=tepo_v2, distillation_use_topk=False, distillation_only=False, compute_loss=True
     )
+    steps = dict(
+        global_batch_size=B, mini_batch_size=B, epochs=1, seed=42, dataloader_kwargs={"shuffle": False}
+    )
+    tu.assign_non_tensor(td, **meta, **steps)
     mine = BatchData(td).chunk(chunks=world)[rank]  # verl's dispatch: rank r gets chunk r
     mine = mine.clone().unlock_()  # what a Ray worker receives is a deserialised, unlocked copy
 

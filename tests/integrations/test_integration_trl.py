@@ -16,7 +16,7 @@ pytest.importorskip("trl")
 from trl import GRPOTrainer
 
 from tepo.losses import compute_policy_loss
-from trl_runner import embedded_model_trainer, loss_and_grad
+from trl_runner import embedded_model_trainer, loss_and_grad, policy_logps, random_micro_batch
 
 pytestmark = pytest.mark.model
 
@@ -49,40 +49,15 @@ def assert_grads_close(got: torch.Tensor, want: torch.Tensor) -> None:
 
 def _fixed_batch(trainer, seed: int = 0, rows: int = 4, prompt_len: int = 5, comp_len: int = 6):
     """A hand-made TRL micro-batch: random tokens, ragged completion masks, old log-probs off the policy."""
+    lengths = [comp_len, comp_len - 2, 3, comp_len - 1][:rows]
+    advantages = [1.0, -0.5, 0.8, -1.2][:rows]
     gen = torch.Generator().manual_seed(seed)
-    vocab = trainer.model.config.vocab_size
-    completion_mask = torch.ones(rows, comp_len, dtype=torch.long)
-    for i, length in enumerate([comp_len, comp_len - 2, 3, comp_len - 1][:rows]):
-        completion_mask[i, length:] = 0
-    batch = {
-        "prompt_ids": torch.randint(0, vocab, (rows, prompt_len), generator=gen),
-        "prompt_mask": torch.ones(rows, prompt_len, dtype=torch.long),
-        "completion_ids": torch.randint(0, vocab, (rows, comp_len), generator=gen),
-        "completion_mask": completion_mask,
-        "advantages": torch.tensor([1.0, -0.5, 0.8, -1.2][:rows]),
-        "num_items_in_batch": torch.tensor(float(completion_mask.sum() * 3)),  # as if 1 of 3 slices
-    }
-    with torch.no_grad():
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model,
-            torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
-            torch.cat([batch["prompt_mask"], completion_mask], 1),
-            comp_len,
-        )
-    # Old policy a little off the current one, so ratios differ from 1 and some get clipped.
-    batch["old_per_token_logps"] = logps + 0.3 * torch.randn(logps.shape, generator=gen)
-    return batch
+    return random_micro_batch(trainer, gen, lengths, advantages, prompt_len, comp_len, slices=3)[0]
 
 
 def _reference(trainer, batch, name, num_tokens, **options):
     """compute_policy_loss on the tensors TRL's own log-prob pass returns."""
-    logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
-        trainer.model,
-        torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
-        torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1),
-        batch["completion_ids"].shape[1],
-        compute_entropy=True,
-    )
+    logps, entropies, _ = policy_logps(trainer, batch, compute_entropy=True)
     loss, _ = compute_policy_loss(
         name,
         logp=logps,

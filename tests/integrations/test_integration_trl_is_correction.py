@@ -22,7 +22,7 @@ import torch
 pytest.importorskip("trl")
 from trl import GRPOTrainer
 
-from trl_runner import loss_and_grad, tiny_trainer
+from trl_runner import loss_and_grad, random_micro_batch, tiny_trainer
 
 CLIP_MIN, CLIP_MAX = 0.6, 1.5
 MAX_COMPLETION = 8
@@ -70,26 +70,10 @@ def _trl_ratio(old_logps, sampling_logps, mask, mode):
 
 def _batch(trainer, mode, seed=0, rows=6, prompt_len=4, comp_len=7):
     gen = torch.Generator().manual_seed(seed)
-    vocab = trainer.model.config.vocab_size
-    mask = torch.ones(rows, comp_len, dtype=torch.long)
-    for i, length in enumerate([7, 5, 3, 6, 2, 7][:rows]):
-        mask[i, length:] = 0
-    batch = {
-        "prompt_ids": torch.randint(0, vocab, (rows, prompt_len), generator=gen),
-        "prompt_mask": torch.ones(rows, prompt_len, dtype=torch.long),
-        "completion_ids": torch.randint(0, vocab, (rows, comp_len), generator=gen),
-        "completion_mask": mask,
-        "advantages": torch.tensor([1.0, -0.5, 0.8, -1.2, 0.3, -0.7][:rows]),
-        "num_items_in_batch": torch.tensor(float(mask.sum())),
-    }
-    with torch.no_grad():
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model,
-            torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1),
-            torch.cat([batch["prompt_mask"], mask], 1),
-            comp_len,
-        )
-    old = logps + 0.3 * torch.randn(logps.shape, generator=gen)
+    lengths = [7, 5, 3, 6, 2, 7][:rows]
+    advantages = [1.0, -0.5, 0.8, -1.2, 0.3, -0.7][:rows]
+    batch, logps = random_micro_batch(trainer, gen, lengths, advantages, prompt_len, comp_len)
+    old, mask = batch["old_per_token_logps"], batch["completion_mask"]
     # Sequence ratios sum the token log-ratios, so their spread is smaller per token to keep some inside the bounds.
     scale = 0.15 if mode.startswith("sequence") else 0.5
     sampling = old + scale * torch.randn(logps.shape, generator=gen)

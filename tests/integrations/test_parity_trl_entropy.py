@@ -50,6 +50,14 @@ def _tepo_threshold(entropy: torch.Tensor, mask: torch.Tensor, rho: float) -> fl
     return entropy_threshold(inputs, rho)
 
 
+def _dapo(b, logp, **options):
+    """tepo's ``dapo`` on the float64 batch ``b`` at ``logp``: (loss, metrics)."""
+    mask = b["mask"].bool()
+    return compute_policy_loss(
+        "dapo", logp=logp, old_logp=b["old"], advantages=b["adv"], mask=mask, **options
+    )
+
+
 def _trl_keep(trainer, entropy, mask, rho):
     return GRPOTrainer.get_high_entropy_mask(trainer, entropy, mask, 1.0 - rho)
 
@@ -114,21 +122,11 @@ def test_tepo_top_entropy_quantile_loss_equals_trls_compute_loss(build_trl_train
     b = float64_batch()
     trl_loss, trl_grad, _, _ = run_loss(trainer, GRPOTrainer._compute_loss, b)
     logp = b["logp"].clone().requires_grad_(True)
-    ours, _ = compute_policy_loss(
-        "dapo",
-        logp=logp,
-        old_logp=b["old"],
-        advantages=b["adv"],
-        mask=b["mask"].bool(),
-        entropy=b["entropy"],
-        top_entropy_quantile=rho,
-    )
+    ours, _ = _dapo(b, logp, entropy=b["entropy"], top_entropy_quantile=rho)
     ours.backward()
     torch.testing.assert_close(ours.detach(), trl_loss, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(logp.grad, trl_grad, rtol=1e-12, atol=1e-15)
-    without = compute_policy_loss(
-        "dapo", logp=b["logp"], old_logp=b["old"], advantages=b["adv"], mask=b["mask"].bool()
-    )[0]
+    without = _dapo(b, b["logp"])[0]
     assert abs(float(without - ours)) > 1e-6  # the selection changes the loss on this batch
 
 
@@ -139,15 +137,7 @@ def test_tepo_entropy_coef_under_token_mean_equals_trls_bonus(build_trl_trainer,
     trl_loss, trl_grad, trl_grad_h, _ = run_loss(trainer, GRPOTrainer._compute_loss, b)
     logp = b["logp"].clone().requires_grad_(True)
     entropy = b["entropy"].clone().requires_grad_(True)
-    ours, _ = compute_policy_loss(
-        "dapo",
-        logp=logp,
-        old_logp=b["old"],
-        advantages=b["adv"],
-        mask=b["mask"].bool(),
-        entropy=entropy,
-        entropy_coef=coef,
-    )
+    ours, _ = _dapo(b, logp, entropy=entropy, entropy_coef=coef)
     ours.backward()
     torch.testing.assert_close(ours.detach(), trl_loss, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(logp.grad, trl_grad, rtol=1e-12, atol=1e-15)

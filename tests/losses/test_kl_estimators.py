@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from loss_cases import pad
+from loss_cases import loss_on_rows, pad
 from tepo.config import ConfigError, load_config
 from tepo.losses import KL_ESTIMATORS, compute_policy_loss, kl_estimate
 
@@ -107,25 +107,21 @@ def test_micro_batches_sum_to_the_full_batch_gradient(estimator):
     adv = torch.randn(n, generator=gen, dtype=torch.float64)
     mask = torch.rand(n, t, generator=gen) > 0.3
     mask[:, 0] = True
-    options = {"kl_coef": 0.3, "kl_estimator": estimator, "num_seqs": float(n)}
+    batch = {"logp": logp0, "old_logp": old, "advantages": adv, "mask": mask}
+    options = {
+        "kl_coef": 0.3,
+        "kl_estimator": estimator,
+        "num_seqs": float(n),
+        "num_tokens": float(mask.sum()),
+    }
 
-    def run(rows):
-        logp = logp0.clone().requires_grad_(True)
+    def run(parts):
+        grad = torch.zeros_like(logp0)
         total = 0.0
-        for part in rows:
-            loss, _ = compute_policy_loss(
-                "grpo",
-                logp=logp[part],
-                old_logp=old[part],
-                ref_logp=ref[part],
-                advantages=adv[part],
-                mask=mask[part],
-                num_tokens=float(mask.sum()),
-                **options,
-            )
-            loss.backward()
-            total += float(loss.detach())
-        return total, logp.grad
+        for rows in parts:
+            loss, grad[rows], _ = loss_on_rows("grpo", batch, rows, extra={"ref_logp": ref}, **options)
+            total += float(loss)
+        return total, grad
 
     whole, grad_whole = run([torch.arange(n)])
     split, grad_split = run([torch.arange(0, 2), torch.arange(2, 5), torch.arange(5, 6)])
