@@ -3,8 +3,6 @@ with a stop/resume on the embedded model."""
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -205,48 +203,3 @@ def test_checkpoint_holds_the_adapters_and_restores_them(tmp_path):
     load_checkpoint(Checkpoint(path=path, step=1), fresh)
     for key, value in adapter_state_dict(model).items():
         assert torch.equal(adapter_state_dict(fresh)[key], value)
-
-
-@pytest.mark.slow  # two real runs of the embedded model (minutes); the LoRA + vLLM run in test_rollout_parity is default
-@pytest.mark.model
-def test_lora_run_resumes_exactly_and_evaluates_merged(tmp_path):
-    """``tepo train model.lora.rank=16`` on the embedded model: a run stopped after 1 step and resumed ends
-    bit-identical to an uninterrupted 2-step run; checkpoints hold the adapters; eval loads the merged model."""
-    from tepo.evaluate.loading import load_eval_model
-    from tepo.metrics import read_metrics
-    from tepo.models import load_model_and_tokenizer
-    from tepo.training import resume, train
-    from test_train_e2e import _comparable, tiny
-
-    common = ["model.lora.rank=16", "model.lora.alpha=32", f"model.lora.target_modules={TARGETS}"]
-    common += ["eval.size=0", "optim.lr=1e-3", "algorithm.kl_coef=0.01", "algorithm.entropy_coef=0.01"]
-    messages = []
-    straight = train(tiny(tmp_path, "train.run_name=straight", "train.steps=2", *common), log=messages.append)
-    assert any("LoRA rank 16" in m for m in messages)
-    final = straight.run_dir / "checkpoints" / "step_000002"
-    a = load_file(str(final / "model.safetensors"))
-    assert a and all(".lora_A." in k or ".lora_B." in k for k in a)
-    assert (final / "model.safetensors").stat().st_size < 30e6  # 4.9M adapter parameters, not 135M
-    assert any(float(t.abs().max()) > 0 for k, t in a.items() if "lora_B" in k)  # trained
-    rows_a = read_metrics(straight.run_dir / "metrics.jsonl")
-
-    stopped = train(tiny(tmp_path, "train.run_name=stopped", "train.steps=1", *common), log=lambda *_: None)
-    messages = []
-    resumed = resume(stopped.run_dir, ["train.steps=2"], log=messages.append).run_dir
-    assert any("resumed" in m and "step 1" in m for m in messages)
-    b = load_file(str(resumed / "checkpoints" / "step_000002" / "model.safetensors"))
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
-    assert _comparable(rows_a) == _comparable(read_metrics(resumed / "metrics.jsonl"))
-    shutil.rmtree(resumed / "checkpoints")
-
-    merged, _, info = load_eval_model(straight.run_dir)
-    assert info["kind"] == "run" and not hasattr(merged, "peft_config")
-    base, _ = load_model_and_tokenizer(None)
-    state, reference = merged.state_dict(), base.state_dict()
-    q = "model.layers.0.self_attn.q_proj.weight"
-    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
-    delta = (32 / 16) * a[f"{prefix}.lora_B.default.weight"] @ a[f"{prefix}.lora_A.default.weight"]
-    torch.testing.assert_close(state[q], reference[q] + delta)
-    assert torch.equal(state["model.norm.weight"], reference["model.norm.weight"])
