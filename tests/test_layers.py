@@ -13,6 +13,10 @@ Layers, bottom to top:
 
 Imports are read with ``ast`` from every file, including the ones inside functions (the lazy imports that keep
 ``tepo --help`` fast are imports all the same).
+
+The tests are held to one rule of the same kind: no file under tests/ imports a test module; what tests share
+lives in conftest.py (fixtures) and in the builder modules beside it (helpers.py, verl_runner.py, trl_runner.py,
+loss_cases.py, update_runs.py, scripted_collect.py).
 """
 
 from __future__ import annotations
@@ -185,6 +189,39 @@ def test_no_cycles_between_top_level_units():
     assert not cycles, f"import cycles between top-level units: {cycles}"
 
 
+# ----- the tests: no test module imports another ------------------------------------------------------------
+
+TESTS = Path(__file__).resolve().parent
+
+
+def imported_test_modules(root: Path = TESTS) -> dict[str, list[str]]:
+    """File under ``root`` (relative path) -> the test modules (a dotted part ``test_*``) it imports, for the
+    files that import any. ``from <folder> import test_x`` and ``from . import test_x`` count as well."""
+    found: dict[str, list[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                names.add(module)
+                if (
+                    not module or (root / module.replace(".", "/")).is_dir()
+                ):  # a folder: its names are modules
+                    names.update(f"{module}.{alias.name}".lstrip(".") for alias in node.names)
+        hits = sorted(n for n in names if any(part.startswith("test_") for part in n.split(".")))
+        if hits:
+            found[path.relative_to(root).as_posix()] = hits
+    return found
+
+
+def test_no_test_module_imports_another():
+    """Shared builders live in conftest.py (fixtures) and in the builder modules beside it (helpers.py,
+    verl_runner.py, trl_runner.py, loss_cases.py ...), never in a test module another test imports."""
+    assert imported_test_modules() == {}
+
+
 # ----- the checker itself catches what it claims to -----------------------------------------------------------
 
 
@@ -218,6 +255,28 @@ def test_checker_sees_imports_inside_functions_and_relative_imports(tmp_path):
     assert unit_cycles(graph) == [["compare", "data"]]
     # A cli module may import anything, and being the top it closes no cycle with report.
     assert not any("cli" in c or "report" in c for c in unit_cycles(graph))
+
+
+def test_test_import_checker_sees_every_form(tmp_path):
+    _write(
+        tmp_path,
+        {
+            "helpers.py": "import torch\n",
+            "test_a.py": "from helpers import x\n",
+            "losses/test_b.py": "from test_a import y\n",
+            "losses/test_c.py": "def f():\n    import test_a\n",
+            "losses/test_d.py": "from losses import test_b\n",
+            "losses/test_e.py": "from . import test_c\nfrom losses.test_b import z\n",
+            "builder.py": "from losses.test_b import z\n",
+        },
+    )
+    assert imported_test_modules(tmp_path) == {
+        "builder.py": ["losses.test_b"],
+        "losses/test_b.py": ["test_a"],
+        "losses/test_c.py": ["test_a"],
+        "losses/test_d.py": ["losses.test_b"],
+        "losses/test_e.py": ["losses.test_b", "test_c"],
+    }
 
 
 @pytest.mark.parametrize("unit", ["training", "train", "evaluate"])
