@@ -51,16 +51,8 @@ def _trl_loss(trainer, b):
 
 def _our_loss(name, b, **options):
     logp = b["logp"].clone().requires_grad_(True)
-    loss, metrics = compute_policy_loss(
-        name,
-        logp=logp,
-        old_logp=b["old"],
-        ref_logp=b["ref"],
-        advantages=b["adv"],
-        mask=b["mask"],
-        kl_coef=BETA,
-        **options,
-    )
+    tensors = dict(old_logp=b["old"], ref_logp=b["ref"], advantages=b["adv"], mask=b["mask"])
+    loss, metrics = compute_policy_loss(name, logp=logp, **tensors, kl_coef=BETA, **options)
     loss.backward()
     return loss.detach(), logp.grad, metrics
 

@@ -159,19 +159,23 @@ DPPO_R = [[E(d) for d in row] for row in DPPO_D]
 DPPO_A = [1.0, -1.0]
 
 
+def _assert_dppo_masked(loss, grad, metrics, keep):
+    """The DPPO loss on the 2 x 2 batch keeping the tokens where ``keep`` is 1: value -sum(M r A) / 4, and since
+    d(-M r A)/dlogp = -M r A, the gradient of r where kept and 0 where masked; a quarter masked on each side."""
+    expected = sum(-keep[i][t] * DPPO_R[i][t] * DPPO_A[i] for i in range(2) for t in range(2)) / 4
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    expected_grad = [[-keep[i][t] * DPPO_R[i][t] * DPPO_A[i] / 4 for t in range(2)] for i in range(2)]
+    torch.testing.assert_close(grad, torch.tensor(expected_grad, dtype=torch.float64))
+    assert metrics["clip_frac_high"] == metrics["clip_frac_low"] == pytest.approx(1 / 4)
+
+
 def test_dppo_tv_masks_where_the_probability_moved_past_delta_in_the_advantages_direction():
     # Row 0 (A>0): p - q = 0.2 > 0.15 masked, -0.05 kept. Row 1 (A<0): p - q = -0.2 < -0.15 masked, 0.05 kept.
     p, q = [[0.5, 0.3], [0.2, 0.5]], [[0.3, 0.35], [0.4, 0.45]]
     inputs, rollout = _dppo_batch(p, q, DPPO_D, DPPO_A)
     loss, metrics = compute_policy_loss("dppo_tv", **inputs, rollout_logp=rollout)
     loss.backward()
-    keep = [[0.0, 1.0], [0.0, 1.0]]
-    expected = sum(-keep[i][t] * DPPO_R[i][t] * DPPO_A[i] for i in range(2) for t in range(2)) / 4
-    assert loss.item() == pytest.approx(expected, rel=1e-12)
-    # d(-M r A)/dlogp = -M r A: the value and gradient of r where kept, 0 where masked.
-    expected_grad = [[-keep[i][t] * DPPO_R[i][t] * DPPO_A[i] / 4 for t in range(2)] for i in range(2)]
-    torch.testing.assert_close(inputs["logp"].grad, torch.tensor(expected_grad, dtype=torch.float64))
-    assert metrics["clip_frac_high"] == metrics["clip_frac_low"] == pytest.approx(1 / 4)
+    _assert_dppo_masked(loss, inputs["logp"].grad, metrics, keep=[[0.0, 1.0], [0.0, 1.0]])
 
 
 def test_dppo_tv_behaviour_is_old_logp_without_rollout_logp():
@@ -200,12 +204,7 @@ def test_dppo_kl_masks_by_binary_kl_in_the_advantages_direction():
     inputs, rollout = _dppo_batch(p, q, DPPO_D, DPPO_A)
     loss, metrics = compute_policy_loss("dppo_kl", **inputs, rollout_logp=rollout)
     loss.backward()
-    keep = [[0.0, 1.0], [0.0, 1.0]]
-    expected = sum(-keep[i][t] * DPPO_R[i][t] * DPPO_A[i] for i in range(2) for t in range(2)) / 4
-    assert loss.item() == pytest.approx(expected, rel=1e-12)
-    expected_grad = [[-keep[i][t] * DPPO_R[i][t] * DPPO_A[i] / 4 for t in range(2)] for i in range(2)]
-    torch.testing.assert_close(inputs["logp"].grad, torch.tensor(expected_grad, dtype=torch.float64))
-    assert metrics["clip_frac_high"] == metrics["clip_frac_low"] == pytest.approx(1 / 4)
+    _assert_dppo_masked(loss, inputs["logp"].grad, metrics, keep=[[0.0, 1.0], [0.0, 1.0]])
     # delta above every D keeps all tokens.
     loss, metrics = compute_policy_loss("dppo_kl", **inputs, rollout_logp=rollout, delta=0.4)
     assert loss.item() == pytest.approx(

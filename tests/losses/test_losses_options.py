@@ -10,21 +10,8 @@ import math
 import pytest
 import torch
 
-from loss_cases import (
-    ADV,
-    LENS,
-    LOGP,
-    T_TOT,
-    E,
-    N,
-    assert_grad,
-    batch,
-    loss_on_rows,
-    random_mini_batch,
-    run,
-    stats_of,
-    token_mean,
-)
+import loss_cases as hand
+from loss_cases import E, assert_grad, batch, loss_on_rows, random_mini_batch, run, stats_of, token_mean
 from tepo.losses import compute_policy_loss, mini_batch_stats, needs_mini_batch_stats
 from tepo.losses.token_selection import MiniBatchStats, m2po_keep
 
@@ -93,10 +80,12 @@ def test_cispo_eps_low_clips_the_weight_from_below_too():
     # test_losses' batch: r = e^d; with eps_low 0.2 the weights below 0.8 (r = e^-0.3 = 0.741, e^-0.5 = 0.607)
     # are raised to 0.8; the upper truncation at 1.28 is unchanged.
     w = [[E(0.1), 0.8, 1.28], [0.8, 1.28], [1.28]]
-    terms = [[-w[i][t] * ADV[i] * LOGP[i][t] for t in range(LENS[i])] for i in range(N)]
+    terms = [[-w[i][t] * hand.ADV[i] * hand.LOGP[i][t] for t in range(hand.LENS[i])] for i in range(hand.N)]
     value, grad, metrics = run("cispo", eps_low=0.2)
     assert value == pytest.approx(token_mean(terms), rel=1e-12)
-    assert_grad(grad, [[-w[i][t] * ADV[i] / T_TOT for t in range(LENS[i])] for i in range(N)])
+    assert_grad(
+        grad, [[-w[i][t] * hand.ADV[i] / hand.T_TOT for t in range(hand.LENS[i])] for i in range(hand.N)]
+    )
     assert metrics["clip_frac_low"] == pytest.approx(2 / 6)
     assert metrics["clip_frac_high"] == pytest.approx(3 / 6)
 
@@ -171,7 +160,9 @@ def test_top_entropy_quantile_keeps_tokens_at_or_above_the_quantile():
     assert loss.item() == pytest.approx(
         token_mean([[k * t for k, t in zip(kr, tr)] for kr, tr in zip(keep, terms)])
     )
-    assert_grad(inputs["logp"].grad, [[k * g / T_TOT for k, g in zip(kr, gr)] for kr, gr in zip(keep, grads)])
+    assert_grad(
+        inputs["logp"].grad, [[k * g / hand.T_TOT for k, g in zip(kr, gr)] for kr, gr in zip(keep, grads)]
+    )
     assert metrics["top_entropy_kept_frac"] == pytest.approx(3 / 6)
 
 
