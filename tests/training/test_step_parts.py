@@ -16,9 +16,10 @@ from tepo.data import Problem, PromptStream
 from tepo.losses.rollout_correction import rollout_correction_weights
 from tepo.rewards import MathRewardPool
 from tepo.rollout.hf import HFRollout
+from tepo.training.overlap import RolloutPrefetch
 from tepo.training.parts import StepParts, build_step_parts
 from tepo.training.plan import plan_step
-from tepo.training.step import train_step
+from tepo.training.step import collect_step, train_step
 
 pytestmark = pytest.mark.model
 
@@ -146,3 +147,41 @@ def test_with_an_old_pass_the_step_computes_the_correction_once(tiny_model_dir, 
     assert seen["update_rows"] == 0
     assert seen["step_rows"] == row["num_sequences"]
     assert "is_dropped_frac" in row
+
+
+class _StagingRollout(HFRollout):
+    """The HF backend with the staging calls of an engine that samples during the update (as vLLM's)."""
+
+    staged = 0
+
+    def stage_weights(self) -> float:
+        self.staged += 1
+        return 0.0
+
+    def end_staging(self) -> None:
+        self.staged -= 1
+
+
+def test_an_overlapped_rollout_samples_from_the_parts_what_the_step_would(tiny_model_dir, tmp_path, pool):
+    parts, plan = _parts(tiny_model_dir, tmp_path)
+    parts = dataclasses.replace(
+        parts, rollout=_StagingRollout(parts.model, parts.tokenizer, autocast_bf16=False)
+    )
+    prefetch = RolloutPrefetch(parts, pool)
+    try:
+        prefetch.start(0)
+        assert prefetch.stream_state == {"epoch": 0, "offset": 0}  # before the in-flight batch's prompts
+        assert prefetch.take(1) is None  # nothing in flight for another step
+        collected = prefetch.take(0)
+    finally:
+        prefetch.close()
+    assert parts.rollout.staged == 0
+    assert collected.metrics["policy_lag"] == 1
+    # The same prompts and seeds as the synchronous loop: a fresh stream gives the same batch.
+    again = collect_step(
+        dataclasses.replace(parts, stream=PromptStream(parts.stream.problems, seed=0)), pool, 0
+    )
+    assert collected.batch.texts == again.batch.texts
+    assert torch.equal(collected.rewards, again.rewards)
+    row = train_step(parts, plan, pool, 0, collected)
+    assert row["policy_lag"] == 1 and row["optimizer_updates"] == 1
