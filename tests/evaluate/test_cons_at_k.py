@@ -164,19 +164,10 @@ def test_benchmark_metrics_report_cons_at_k_from_stored_votes():
 def test_results_table_shows_cons_at_n():
     from tepo.evaluate.runner import results_table
 
-    results = {
-        "benchmarks": {
-            "aime24": {
-                "num_problems": 30,
-                "samples_per_problem": 4,
-                "accuracy": 0.25,
-                "pass@k": {"4": 0.5},
-                "cons@k": {"4": 0.375},
-                "settings": {"greedy": False, "temperature": 0.6},
-            }
-        }
-    }
-    table = results_table(results)
+    sampled = {"greedy": False, "temperature": 0.6}
+    aime24 = dict(num_problems=30, samples_per_problem=4, accuracy=0.25, settings=sampled)
+    aime24.update({"pass@k": {"4": 0.5}, "cons@k": {"4": 0.375}})
+    table = results_table({"benchmarks": {"aime24": aime24}})
     assert "cons@n" in table and "37.5%" in table
 
 
