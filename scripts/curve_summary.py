@@ -2,9 +2,11 @@
 and range over seeds, as a Markdown table. Used by results pages for what the comparison table does not carry
 (gradient norm, entropy at a step); it reads only the committed metrics.jsonl files.
 
-    python scripts/curve_summary.py docs/results/tepo-claims grad_norm entropy_mean@30 reward_mean
+    python scripts/curve_summary.py docs/results/tepo-claims update/grad_norm update/entropy_mean@30 reward/mean
 
 A metric name alone averages every logged step; ``name@K`` takes step K only. Finished runs only (summary.json).
+Names are those of ``metrics.jsonl``, grouped by phase (``update/grad_norm``; ``tepo.metrics.names``), or the flat
+names runs logged before the grouping (``grad_norm``): either spelling reads old and new runs alike.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from pathlib import Path
 
 
 def run_value(metrics_path: Path, metric: str) -> float | None:
-    from tepo.metrics import read_metrics
+    from tepo.metrics import metric_name, read_metrics
 
     name, _, at = metric.partition("@")
+    name = metric_name(name)  # a flat name (reward_mean) as its grouped one (reward/mean)
     values = []
-    for row in read_metrics(metrics_path):  # the package's reader (a torn last line is skipped)
+    # The package's reader: grouped names, a torn last line skipped.
+    for row in read_metrics(metrics_path):
         value = row.get(name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue

@@ -14,7 +14,6 @@ runs' logs); the model and the runs' checkpoints live in a scratch folder, remov
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -33,8 +32,15 @@ TOKENIZER_FILES = (
     "vocab.json",
     "merges.txt",
 )
-MISMATCH = ("mismatch_kl_k1", "mismatch_kl_k3", "mismatch_abs_log_ratio_mean", "mismatch_abs_log_ratio_max")
-TIMING = ("gen_seconds", "logprob_seconds", "update_seconds", "reward_seconds", "step_seconds")
+# Metric names as tepo.metrics.read_metrics gives them (grouped by phase, tepo.metrics.names).
+MISMATCH = ("mismatch/kl_k1", "mismatch/kl_k3", "mismatch/abs_log_ratio_mean", "mismatch/abs_log_ratio_max")
+TIMING = (
+    "time/gen_seconds",
+    "time/logprob_seconds",
+    "time/update_seconds",
+    "time/reward_seconds",
+    "time/step_seconds",
+)
 
 
 # What the check needs beyond torch and transformers (and their own dependencies: numpy, pyyaml, safetensors, tqdm,
@@ -124,7 +130,9 @@ def tepo_train(args: list[str], log: Path, *, background: bool = False):
 
 
 def rows_of(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    from tepo.metrics import read_metrics
+
+    return read_metrics(run / "metrics.jsonl")
 
 
 def comparable(rows: list[dict]) -> list[dict]:
@@ -217,9 +225,11 @@ def _run_check(kit: Path, out: Path, work: Path, *, cpu: bool) -> int:
     say(f"\n3-step run: {time.perf_counter() - started:.0f} s (load, eval before/after included)")
     check([r["step"] for r in rows] == [1, 2, 3], "three metrics rows")
     finite = all(
-        math.isfinite(r[k]) for r in rows for k in ("loss", "grad_norm", "reward_mean", "entropy_mean")
+        math.isfinite(r[k])
+        for r in rows
+        for k in ("update/loss", "update/grad_norm", "reward/mean", "update/entropy_mean")
     )
-    check(finite, "loss, grad_norm, reward_mean, entropy_mean finite at every step")
+    check(finite, "update/loss, update/grad_norm, reward/mean, update/entropy_mean finite at every step")
     initial = weights(model_dir / "model.safetensors")
     final = weights(straight / "checkpoints" / "step_000003" / "model.safetensors")
     changed = sum(not torch.equal(final[k], initial[k]) for k in final if k in initial)
@@ -227,10 +237,10 @@ def _run_check(kit: Path, out: Path, work: Path, *, cpu: bool) -> int:
     say("phase seconds per step: " + ", ".join(k for k in TIMING))
     for r in rows:
         times = ", ".join(f"{r.get(k, float('nan')):.2f}" for k in TIMING)
-        gpu = r.get("gpu_peak_memory_mb")
+        gpu = r.get("memory/gpu_peak_mb")
         say(f"  step {r['step']}: {times}; gpu peak {gpu:.0f} MiB" if gpu else f"  step {r['step']}: {times}")
     if not cpu:
-        check(all(r.get("gpu_peak_memory_mb", 0) > 0 for r in rows), "gpu_peak_memory_mb logged")
+        check(all(r.get("memory/gpu_peak_mb", 0) > 0 for r in rows), "memory/gpu_peak_mb logged")
 
     # 2. The same run SIGKILLed after its step-2 checkpoint, then resumed: the same metrics and final weights.
     killed_log = out / "killed.log"
@@ -284,11 +294,11 @@ def vllm_run(common: list[str], out: Path, work: Path, say, check) -> None:
     )
     rows = rows_of(work / "runs" / "vllm")
     say(f"\nvLLM backend ({python}):")
-    check(all(math.isfinite(r["loss"]) for r in rows), "vLLM run: finite loss at every step")
+    check(all(math.isfinite(r["update/loss"]) for r in rows), "vLLM run: finite loss at every step")
     for r in rows:
         say(
-            f"  step {r['step']}: gen {r.get('gen_seconds', 0):.2f} s (weight sync "
-            f"{r.get('rollout_sync_seconds', float('nan')):.2f} s), "
+            f"  step {r['step']}: gen {r.get('time/gen_seconds', 0):.2f} s (weight sync "
+            f"{r.get('time/rollout_sync_seconds', float('nan')):.2f} s), "
             + ", ".join(f"{k}={r[k]:.4g}" for k in MISMATCH if k in r)
         )
 

@@ -169,7 +169,9 @@ def test_train_on_cuda_logs_finite_metrics_and_resumes_exactly(tmp_path, tiny_mo
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
         assert (
-            math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]) and row["gpu_peak_memory_mb"] > 0
+            math.isfinite(row["update/loss"])
+            and math.isfinite(row["update/grad_norm"])
+            and row["memory/gpu_peak_mb"] > 0
         )
     initial = load_file(str(tiny_model_dir / "model.safetensors"))
     final = load_file(str(straight / "checkpoints" / "step_000003" / "model.safetensors"))
@@ -203,4 +205,4 @@ def test_bf16_weights_train_on_cuda(tmp_path, tiny_model_dir):
     )
     run = train(config, log=lambda *_: None).run_dir
     (row,) = read_metrics(run / "metrics.jsonl")
-    assert math.isfinite(row["loss"]) and row["optimizer_updates"] == 1
+    assert math.isfinite(row["update/loss"]) and row["update/optimizer_updates"] == 1

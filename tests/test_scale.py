@@ -47,9 +47,10 @@ def _assert_finite_step(row: dict, *, rows: int, max_new_tokens: int) -> None:
     numbers = {k: v for k, v in row.items() if isinstance(v, float)}
     bad = {k: v for k, v in numbers.items() if not math.isfinite(v)}
     assert not bad, f"non-finite metrics: {bad}"
-    assert 0 < row["response_length_max"] <= max_new_tokens
-    assert row["num_sequences"] == rows and row["gen_tokens"] > 0
-    assert math.isfinite(row["loss"]) and row["grad_norm"] > 0 and row["optimizer_updates"] >= 1
+    assert 0 < row["rollout/response_length_max"] <= max_new_tokens
+    assert row["rollout/num_sequences"] == rows and row["rollout/gen_tokens"] > 0
+    assert math.isfinite(row["update/loss"]) and row["update/grad_norm"] > 0
+    assert row["update/optimizer_updates"] >= 1
 
 
 @pytest.mark.slow

@@ -208,9 +208,9 @@ def test_table_benchmarks_and_average(tmp_path):
 
 def test_steps_to_threshold_window_and_never():
     rows = [
-        {"step": 1, "reward_mean": 0.9, "step_seconds": 5},
-        {"step": 2, "reward_mean": 0.0, "step_seconds": 5},
-        {"step": 3, "reward_mean": 0.0, "step_seconds": 5},
+        {"step": 1, "reward/mean": 0.9, "time/step_seconds": 5},
+        {"step": 2, "reward/mean": 0.0, "time/step_seconds": 5},
+        {"step": 3, "reward/mean": 0.0, "time/step_seconds": 5},
     ]
     assert steps_to_threshold(rows, 0.5, window=1) == (1, 5.0)
     assert steps_to_threshold(rows, 0.5, window=3) == (1, 5.0)  # the trailing mean of one step is 0.9
@@ -414,8 +414,8 @@ def test_real_comparison_tiny(tmp_path):
         for m in ("grpo", "tepo")
     }
     # Same seed, same initial policy, same sampling seed: step 1 saw the same samples under both losses.
-    assert rows["grpo"][0]["reward_mean"] == rows["tepo"][0]["reward_mean"]
-    assert rows["grpo"][0]["response_length_mean"] == rows["tepo"][0]["response_length_mean"]
+    assert rows["grpo"][0]["reward/mean"] == rows["tepo"][0]["reward/mean"]
+    assert rows["grpo"][0]["rollout/response_length_mean"] == rows["tepo"][0]["rollout/response_length_mean"]
     before = [json.loads((tmp_path / m / "seed0" / "eval_before.json").read_text()) for m in ("grpo", "tepo")]
     assert before[0] == before[1]
     again = run_comparison(plan_comparison(tmp_path, ["grpo", "tepo"], [0], overrides=overrides))

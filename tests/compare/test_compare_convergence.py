@@ -137,9 +137,11 @@ def test_max_drop_and_entropy_kept_closed_form():
     assert max_drop([(0, 0.2), (2, 0.2), (4, 0.7)]) == 0.0  # never goes down
     assert max_drop([]) is None
     # 7 rows -> last third = 7 // 3 = 2 rows: (0.6 + 0.4) / 2 / 2.0 = 0.25; a row without entropy is skipped.
-    rows = [{"step": s, "entropy_mean": e} for s, e in enumerate([2.0, 1.8, 1.5, 1.2, 0.9, 0.6, 0.4], 1)]
+    rows = [
+        {"step": s, "update/entropy_mean": e} for s, e in enumerate([2.0, 1.8, 1.5, 1.2, 0.9, 0.6, 0.4], 1)
+    ]
     assert entropy_kept(rows) == pytest.approx(0.25)
-    assert entropy_kept([*rows, {"step": 8, "entropy_mean": float("nan")}]) == pytest.approx(0.25)
+    assert entropy_kept([*rows, {"step": 8, "update/entropy_mean": float("nan")}]) == pytest.approx(0.25)
     assert entropy_kept(rows[:2]) == pytest.approx(1.8 / 2.0)  # 2 rows: last third is 1 row
     assert entropy_kept([{"step": 1}]) is None and entropy_kept([{"step": 1, "entropy_mean": 0.0}]) is None
 

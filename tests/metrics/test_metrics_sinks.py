@@ -1,7 +1,8 @@
 """The metrics log's optional sinks, read back from the files they write: TensorBoard event files (through
 TensorBoard's own EventAccumulator) and a W&B offline run (its ``run-<id>.wandb`` record log, parsed with W&B's
 own protobuf schema). Each sink gets every numeric value of a row at the row's step, and nothing else: booleans,
-strings and non-finite values (which the JSONL log writes as strings) stay out."""
+strings and non-finite values (which the JSONL log writes as strings) stay out; the metric names are the grouped
+ones the JSONL log writes (tepo.metrics.names: ``loss`` -> ``update/loss``)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ ROWS = [
     {"step": 1, "loss": 0.5, "reward": 1.0, "clipped": True, "note": "x", "grad_norm": float("nan")},
     {"step": 2, "loss": 0.25, "reward": 0.0, "lr": 2e-5},
 ]
-# What a sink must receive: the numeric, finite, non-boolean values of each row, at the row's step.
+# What a sink must receive: the numeric, finite, non-boolean values of each row, at the row's step, by grouped
+# name (a key the name table does not know, such as "reward", as it is).
 EXPECTED = {
-    1: {"step": 1, "loss": 0.5, "reward": 1.0},
-    2: {"step": 2, "loss": 0.25, "reward": 0.0, "lr": 2e-5},
+    1: {"step": 1, "update/loss": 0.5, "reward": 1.0},
+    2: {"step": 2, "update/loss": 0.25, "reward": 0.0, "update/lr": 2e-5},
 }
 
 

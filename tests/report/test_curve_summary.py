@@ -23,6 +23,16 @@ def test_means_over_steps_then_seeds(capsys):
     assert rows["tepo"] == "| tepo | 2 | 0.400 [0.375, 0.425] | 0.350 [0.300, 0.400] | - |"
 
 
+def test_grouped_and_flat_names_read_the_same_old_runs(capsys):
+    """The fixture's logs have flat names (written before the grouping): the grouped names read them the same."""
+    assert _script().main([str(FIXTURE), "reward/mean", "reward/mean@2", "update/grad_norm"]) == 0
+    grouped = capsys.readouterr().out.splitlines()
+    assert _script().main([str(FIXTURE), "reward_mean", "reward_mean@2", "grad_norm"]) == 0
+    flat = capsys.readouterr().out.splitlines()
+    assert grouped[0] == "| method | seeds | reward/mean | reward/mean@2 | update/grad_norm |"
+    assert grouped[2:] == flat[2:] and "0.275 [0.250, 0.300]" in grouped[2]
+
+
 def test_no_finished_runs(tmp_path, capsys):
     assert _script().main([str(tmp_path), "reward_mean"]) == 2
     assert "no finished runs" in capsys.readouterr().err

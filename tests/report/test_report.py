@@ -335,50 +335,50 @@ def test_training_curves_drop_identically_zero_panels():
     on_policy = [
         {
             "step": s,
-            "reward_mean": 0.1 * s,
-            "entropy_mean": 2.0,
-            "clip_frac_high": 0.0,
-            "approx_kl": 0.0,
-            "grad_norm": 1.0,
-            "response_length_mean": 40.0,
-            "frac_truncated": 0.5,
-            "step_seconds": 9.0,
+            "reward/mean": 0.1 * s,
+            "update/entropy_mean": 2.0,
+            "update/clip_frac_high": 0.0,
+            "update/approx_kl": 0.0,
+            "update/grad_norm": 1.0,
+            "rollout/response_length_mean": 40.0,
+            "rollout/frac_truncated": 0.5,
+            "time/step_seconds": 9.0,
         }
         for s in (1, 2, 3)
     ]
     keys = [key for key, _ in _informative_curves(on_policy)]
     assert keys == [
-        "reward_mean",
-        "entropy_mean",
-        "grad_norm",
-        "response_length_mean",
-        "frac_truncated",
-        "step_seconds",
+        "reward/mean",
+        "update/entropy_mean",
+        "update/grad_norm",
+        "rollout/response_length_mean",
+        "rollout/frac_truncated",
+        "time/step_seconds",
     ]
-    clipped = [dict(row, clip_frac_high=0.02 * row["step"]) for row in on_policy]
-    assert "clip_frac_high" in [key for key, _ in _informative_curves(clipped)]
+    clipped = [{**row, "update/clip_frac_high": 0.02 * row["step"]} for row in on_policy]
+    assert "update/clip_frac_high" in [key for key, _ in _informative_curves(clipped)]
 
 
 def test_token_and_sequence_clip_fractions_get_separate_panels():
     """clip_frac_* is a share of tokens, seq_clip_frac_* a share of responses (sequence-ratio losses only): each
     gets its own panel, and one that is 0 in every run is folded like any other."""
     runs = {
-        "grpo": [[{"step": 1, "clip_frac_high": 0.05, "clip_frac_low": 0.0}]],
+        "grpo": [[{"step": 1, "update/clip_frac_high": 0.05, "update/clip_frac_low": 0.0}]],
         "tepo": [
             [
                 {
                     "step": 1,
-                    "clip_frac_high": 0.2,
-                    "clip_frac_low": 0.0,
-                    "seq_clip_frac_high": 0.125,
-                    "seq_clip_frac_low": 0.0,
+                    "update/clip_frac_high": 0.2,
+                    "update/clip_frac_low": 0.0,
+                    "update/seq_clip_frac_high": 0.125,
+                    "update/seq_clip_frac_low": 0.0,
                 }
             ]
         ],
     }
     kept, zero, absent = informative_comparison_curves(runs)
-    assert ("clip_frac_high", "clip fraction, tokens (high)") in kept
-    assert ("seq_clip_frac_high", "clip fraction, sequences (high)") in kept
-    assert ("clip_frac_low", "clip fraction, tokens (low)") in zero
-    assert ("seq_clip_frac_low", "clip fraction, sequences (low)") in zero
-    assert ("approx_kl", "approx. KL old->new (k3)") in absent
+    assert ("update/clip_frac_high", "clip fraction, tokens (high)") in kept
+    assert ("update/seq_clip_frac_high", "clip fraction, sequences (high)") in kept
+    assert ("update/clip_frac_low", "clip fraction, tokens (low)") in zero
+    assert ("update/seq_clip_frac_low", "clip fraction, sequences (low)") in zero
+    assert ("update/approx_kl", "approx. KL old->new (k3)") in absent

@@ -84,13 +84,13 @@ def test_a_lora_training_run_with_vllm_passes_the_guard_at_every_sync(tmp_path, 
     assert guard.checks == 2
     assert guard.last_gap < config.rollout.parity.max_gap
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert "parity_gap" not in rows[0]  # step 1 sampled from the weights the engine started with
-    assert rows[1]["parity_gap"] < config.rollout.parity.max_gap and "parity_share" not in rows[1]
+    assert "parity/gap" not in rows[0]  # step 1 sampled from the weights the engine started with
+    assert rows[1]["parity/gap"] < config.rollout.parity.max_gap and "parity/share" not in rows[1]
     # Step 3's check compares with step 2's: the sent weights changed, the engine's scores changed with them (not
     # frozen), and where the move is large enough for the share test, the engine followed it.
     third = rows[2]
-    assert third["parity_shift"] > 0 and third["parity_frozen"] == 0
-    assert not third["parity_decided"] or third["parity_share"] >= config.rollout.parity.min_share
+    assert third["parity/shift"] > 0 and third["parity/frozen"] == 0
+    assert not third["parity/decided"] or third["parity/share"] >= config.rollout.parity.min_share
 
 
 # LoRA's variant is opt-in (-m slow): the default suite keeps full fine-tuning's (one real-engine run, ~40 s).
@@ -165,5 +165,5 @@ def test_a_resumed_run_keeps_the_guard_state_so_its_first_check_is_a_full_one(tm
     assert [r["step"] for r in rows] == [1, 2, 3]
     third = rows[2]
     # A full check: the trainer's scores moved since step 2's check and the engine's moved with them.
-    assert third["parity_shift"] > 0 and third["parity_frozen"] == 0
-    assert not third["parity_decided"] or third["parity_share"] >= 0.5
+    assert third["parity/shift"] > 0 and third["parity/frozen"] == 0
+    assert not third["parity/decided"] or third["parity/share"] >= 0.5

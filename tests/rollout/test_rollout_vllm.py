@@ -361,8 +361,8 @@ def test_a_training_run_with_vllm_syncs_after_every_update_and_stops_its_server(
     # Before step 2's rollout and before the final evaluation; not before step 1 (the engine started from them).
     assert trainer.rollout.sync_count == 2
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["rollout_sync_seconds"] == 0.0 and rows[1]["rollout_sync_seconds"] > 0
-    assert all(row["gen_tokens"] > 0 for row in rows)
+    assert rows[0]["time/rollout_sync_seconds"] == 0.0 and rows[1]["time/rollout_sync_seconds"] > 0
+    assert all(row["rollout/gen_tokens"] > 0 for row in rows)
     assert server.poll() is not None, "the vLLM server outlived the run"
     assert (tmp_path / "run" / "vllm_server.log").exists()
 

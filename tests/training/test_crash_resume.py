@@ -303,7 +303,12 @@ TRAIN_ARGS = [
 # Differ between any two runs by nature (clocks, memory), or count per process rather than per run:
 # reward_parse_failures / reward_timeouts_total are the reward pool's lifetime counters, and a resumed run has a
 # fresh pool (reported to the trainer's owner; the per-step counts, reward_timeouts etc., are compared).
-NOT_COMPARED = {"reward_parse_failures", "reward_timeouts_total", "peak_memory_mb", "logprob_tokens_per_s"}
+NOT_COMPARED = {
+    "reward/parse_failures_total",
+    "reward/timeouts_total",
+    "memory/peak_rss_mb",
+    "time/logprob_tokens_per_s",
+}
 
 
 def _comparable(rows: list[dict]) -> list[dict]:

@@ -127,8 +127,8 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeypa
     rows = read_metrics(run_dir / "metrics.jsonl")
     by_step = {row["step"]: row for row in rows}
     assert [r["step"] for r in rows][:3] == [1, 2, 3] and max(by_step) <= 4
-    assert [by_step[s]["skipped_updates"] for s in (1, 2, 3)] == [1, 0, 1]
-    assert [by_step[s]["optimizer_updates"] for s in (1, 2, 3)] == [0, 1, 0]
+    assert [by_step[s]["update/skipped_updates"] for s in (1, 2, 3)] == [1, 0, 1]
+    assert [by_step[s]["update/optimizer_updates"] for s in (1, 2, 3)] == [0, 1, 0]
 
     initial = load_file(str(embedded_model_dir / "model.safetensors"))
     before_2, before_3 = seen[2]["weights"], seen[3]["weights"]

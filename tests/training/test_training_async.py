@@ -54,11 +54,11 @@ def test_async_run_samples_one_step_behind_and_resumes_without_losing_a_step(tmp
     assert server.poll() is not None, "the vLLM server outlived the run"
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    assert [r["policy_lag"] for r in rows] == [0, 1, 1]
-    assert all(r["gen_tokens"] > 0 and r["optimizer_updates"] == 1 for r in rows)
-    assert "eval_greedy_accuracy" in rows[0] and "eval_greedy_accuracy" in rows[1]
+    assert [r["rollout/policy_lag"] for r in rows] == [0, 1, 1]
+    assert all(r["rollout/gen_tokens"] > 0 and r["update/optimizer_updates"] == 1 for r in rows)
+    assert "eval/greedy_accuracy" in rows[0] and "eval/greedy_accuracy" in rows[1]
     # The engine samples the staged pre-update weights: a step with lag 1 still reports the sampler/trainer gap.
-    assert all("mismatch_kl_k3" in r for r in rows)
+    assert all("mismatch/kl_k3" in r for r in rows)
 
     # The step-2 checkpoint was written while step 3's batch was in flight: it records the stream position after
     # step 2's prompts, not after step 3's.
@@ -72,7 +72,7 @@ def test_async_run_samples_one_step_behind_and_resumes_without_losing_a_step(tmp
     assert again.steps_done == 3
     rows = read_metrics(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3], "a step is missing or repeated"
-    assert rows[2]["policy_lag"] == 0
+    assert rows[2]["rollout/policy_lag"] == 0
     assert [r["step"] for r in read_metrics(run_dir / "metrics.rolledback.jsonl")] == [3]
 
 

@@ -1,14 +1,17 @@
 """Fair side-by-side comparisons: every method x seed under identical settings, and the table with intervals.
 
 - ``tepo.compare.runner``: plan (``plan_comparison``), run/reuse/resume (``run_comparison``), discover runs,
-- ``tepo.compare.table``: the comparison table (``build_table``, ``render_markdown``, ``render_terminal``) and
-  its convergence measures (``held_out_curve``, ``convergence``, ``curve_auc``),
+- ``tepo.compare.table``: the comparison table (``build_table``); ``tepo.compare.measures``: what one run's files
+  say (``held_out_curve``, ``convergence``, ``curve_auc``, ``steps_to_threshold``); ``tepo.compare.render``: the
+  table as Markdown and terminal text, and its files (``render_markdown``, ``render_terminal``, ``write_table``),
 - ``tepo.compare.stats``: the percentile bootstrap over seeds,
 - the ``tepo compare`` command lives in ``tepo.report.compare_cli`` (it writes the report, so it sits above both).
 
 The default comparison task, ``arithmetic-mix``, is a procedural task in :mod:`tepo.data.tasks`.
 """
 
+from tepo.compare.measures import convergence, curve_auc, held_out_curve, steps_to_threshold
+from tepo.compare.render import render_markdown, render_terminal, write_table
 from tepo.compare.runner import (
     ComparisonPlan,
     RunSpec,
@@ -20,16 +23,7 @@ from tepo.compare.runner import (
     run_comparison,
 )
 from tepo.compare.stats import Interval, bootstrap_interval
-from tepo.compare.table import (
-    build_table,
-    convergence,
-    curve_auc,
-    held_out_curve,
-    render_markdown,
-    render_terminal,
-    steps_to_threshold,
-    write_table,
-)
+from tepo.compare.table import build_table
 
 __all__ = [
     "ComparisonPlan",

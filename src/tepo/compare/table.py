@@ -13,7 +13,7 @@ Columns, from each run directory:
   `tepo.passk.cons_at_k`), a column only when some run logged it (``eval.samples >= 2``),
 - ``reward``: mean batch reward over the last third of the steps,
 - ``steps@R`` / ``wall s@R``: the first step at which the trailing ``window``-step mean of the batch reward reaches
-  the threshold ``R``, and the summed ``step_seconds`` up to it; averaged over the seeds that reached it, and the
+  the threshold ``R``, and the summed ``time/step_seconds`` up to it; averaged over the seeds that reached it, and the
   count is shown (``2/3``) when some did not,
 - ``steps@90% <ref>`` / ``wall s@90% <ref>``: convergence as TEPO and DAPO report it (:func:`convergence`): the
   first step at which the run's held-out accuracy curve reaches ``share`` (default 0.9) of the *reference*
@@ -33,10 +33,15 @@ Columns, from each run directory:
   same seed (the same prompts, sampling seeds and held-out set), then the interval over seeds: the paired
   difference, which is what "no worse than" questions need (two overlapping intervals of the accuracies
   themselves do not answer them); empty on the reference's own row,
-- ``s/step``: the run's median ``step_seconds`` (training steps only, evaluations excluded).
+- ``s/step``: the run's median ``time/step_seconds`` (training steps only, evaluations excluded).
+
+Metric names are the grouped ones of :mod:`tepo.metrics.names` (``reward/mean``, ``time/step_seconds``); runs
+logged before the grouping (flat ``reward_mean``, ``step_seconds``) read the same through ``read_metrics``. What
+one run's files say is computed in :mod:`tepo.compare.measures`, the text of the table in
+:mod:`tepo.compare.render`.
 
 The held-out accuracy curve of a run (:func:`held_out_curve`) is greedy accuracy at step 0 (``eval_before.json``,
-else ``summary.json`` ``before``), at every metrics row that carries ``eval_greedy_accuracy`` (every
+else ``summary.json`` ``before``), at every metrics row that carries ``eval/greedy_accuracy`` (every
 ``eval.every`` steps) and at the last step (``summary.json`` ``after``). The convergence target is one number
 for the whole table: ``share`` times the reference method's *seed-mean* final held-out accuracy (not each
 seed's own reference run), so every method and seed is measured against the same bar and a lucky or unlucky
@@ -53,14 +58,39 @@ better for accuracies and reward, lower for steps and wall time; ``best`` marks 
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
+from tepo.compare.measures import (
+    EVAL_BEFORE_FILE,
+    STEP_SECONDS,
+    _number,
+    _read_json,
+    benchmark_scores,
+    convergence,
+    curve_auc,
+    entropy_kept,
+    held_out_curve,
+    max_drop,
+    run_precision,
+    steps_to_threshold,
+)
+from tepo.compare.render import (
+    INITIAL_ROW,
+    REACH_KEYS,
+    format_cell,
+    format_value,
+    per_seed_rows,
+    render_markdown,
+    render_terminal,
+    select_columns,
+    table_footer,
+    table_rows,
+    write_table,
+)
 from tepo.compare.runner import run_state
 from tepo.compare.stats import (
     DEFAULT_BOOTSTRAP_SEED,
@@ -68,17 +98,41 @@ from tepo.compare.stats import (
     DEFAULT_RESAMPLES,
     bootstrap_interval,
 )
-from tepo.files import atomic_write_text
 from tepo.metrics import read_metrics
 
-INITIAL_ROW = "initial policy"
+# What the table's callers import from here: the measures of one run (tepo.compare.measures) and the rendering
+# (tepo.compare.render) live beside it.
+__all__ = [
+    "DEFAULT_CONVERGENCE_SHARE",
+    "DEFAULT_REFERENCE",
+    "EVAL_BEFORE_FILE",
+    "INITIAL_ROW",
+    "REACH_KEYS",
+    "Column",
+    "RunValues",
+    "benchmark_scores",
+    "build_table",
+    "convergence",
+    "curve_auc",
+    "entropy_kept",
+    "format_cell",
+    "format_value",
+    "held_out_curve",
+    "max_drop",
+    "per_seed_rows",
+    "render_markdown",
+    "render_terminal",
+    "run_precision",
+    "run_values",
+    "select_columns",
+    "steps_to_threshold",
+    "table_footer",
+    "table_rows",
+    "write_table",
+]
+
 DEFAULT_CONVERGENCE_SHARE = 0.9
 DEFAULT_REFERENCE = "grpo"
-EVAL_BEFORE_FILE = (
-    "eval_before.json"  # tepo.training.EVAL_BEFORE, named here so tables never import the trainer
-)
-REACH_KEYS = ("steps_to_threshold", "seconds_to_threshold", "steps_to_share", "seconds_to_share")
-_BENCH_KEYS = ("accuracy", "greedy_accuracy", "mean_accuracy")
 
 
 @dataclass(frozen=True)
@@ -88,186 +142,6 @@ class Column:
     higher_is_better: bool = True
     benchmark: bool = False  # part of the average
     ranked: bool = True  # its best mean is marked (False for differences and for descriptive columns)
-
-
-def _number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def _accuracy(node) -> float | None:
-    if not isinstance(node, dict):
-        return None
-    return next((_number(node[k]) for k in _BENCH_KEYS if _number(node.get(k)) is not None), None)
-
-
-def benchmark_scores(run_dir: Path) -> dict[str, float]:
-    """``{benchmark: accuracy}`` from ``tepo eval`` output under ``<run_dir>/eval/`` (any depth), where present.
-
-    A ``results.json`` of ``tepo eval`` holds ``{"benchmarks": {name: {"accuracy": ...}}}``; a file without that
-    mapping counts as one benchmark named after its folder, with ``accuracy`` at its top level or under
-    ``metrics`` / ``summary``. Later files (by path order) win for a repeated name.
-    """
-    scores = {}
-    for path in sorted(Path(run_dir).glob("eval/**/results.json")):
-        data = _read_json(path) or {}
-        if isinstance(data.get("benchmarks"), dict):
-            for name, metrics in data["benchmarks"].items():
-                if (acc := _accuracy(metrics)) is not None:
-                    scores[str(name)] = acc
-            continue
-        for node in (data, data.get("metrics"), data.get("summary")):
-            if (acc := _accuracy(node)) is not None:
-                scores[path.parent.name] = acc
-                break
-    return scores
-
-
-def steps_to_threshold(
-    rows: list[dict], threshold: float, window: int = 3
-) -> tuple[int | None, float | None]:
-    """First step whose trailing ``window``-step mean reward is >= ``threshold``, and the seconds spent until then.
-
-    The trailing mean at step ``s`` averages the rewards of the last ``min(window, s)`` logged steps, so a single
-    lucky batch does not count as reaching the threshold. Returns ``(None, None)`` when it is never reached.
-    """
-    if window < 1:
-        raise ValueError(f"steps_to_threshold: window must be >= 1, got {window}")
-    recent: list[float] = []
-    seconds = 0.0
-    for row in rows:
-        seconds += _number(row.get("step_seconds")) or 0.0
-        reward = _number(row.get("reward_mean"))
-        if reward is None:
-            continue
-        recent = [*recent, reward][-window:]
-        if sum(recent) / len(recent) >= threshold:
-            return int(row["step"]), seconds
-    return None, None
-
-
-def held_out_curve(
-    run_dir: Path, key: str = "eval_greedy_accuracy", rows: list[dict] | None = None
-) -> list[tuple[int, float]]:
-    """``[(step, held-out accuracy)]``: step 0 (initial policy), every eval row, the final accuracy.
-
-    ``key`` picks the accuracy: ``eval_greedy_accuracy`` (the convergence columns' curve) or
-    ``eval_sampled_accuracy`` (one sample per problem at ``eval.temperature``).
-
-    Step 0 is ``eval_before.json`` (else ``summary.json`` ``before``); the final point is ``summary.json``
-    ``after`` at the last logged step (``summary.json`` ``steps`` when there is no metrics row). Points without
-    a finite accuracy are left out; a step logged twice keeps its last value. ``rows``: the run's metrics rows
-    when the caller has read them already (else ``metrics.jsonl`` is read here).
-    """
-    run_dir = Path(run_dir)
-    summary = _read_json(run_dir / "summary.json") or {}
-    before = _read_json(run_dir / EVAL_BEFORE_FILE) or summary.get("before") or {}
-    if rows is None:
-        rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
-    points: dict[int, float] = {}
-    if (acc := _number(before.get(key))) is not None:
-        points[0] = acc
-    last_step = 0
-    for row in rows:
-        step = row.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            last_step = max(last_step, step)
-            if (acc := _number(row.get(key))) is not None:
-                points[step] = acc
-    if not rows and isinstance(summary.get("steps"), int):
-        last_step = summary["steps"]
-    final = _number((summary.get("after") or {}).get(key))
-    if final is not None and last_step > 0:
-        points[last_step] = final
-    return sorted(points.items())
-
-
-def convergence(
-    curve: list[tuple[int, float]], rows: list[dict], target: float
-) -> tuple[int | None, float | None]:
-    """First step whose held-out accuracy is >= ``target``, and the summed ``step_seconds`` of steps 1..that step.
-
-    Returns ``(None, None)`` when no point of the curve reaches the target ("not reached"); step 0 (the initial
-    policy already at the target) takes 0 seconds.
-    """
-    step = next((s for s, acc in curve if acc >= target), None)
-    if step is None:
-        return None, None
-    seconds = sum(
-        _number(r.get("step_seconds")) or 0.0
-        for r in rows
-        if isinstance(r.get("step"), int) and 0 < r["step"] <= step
-    )
-    return step, seconds
-
-
-def curve_auc(curve: list[tuple[int, float]]) -> float | None:
-    """Trapezoid area under ``curve`` divided by its step span: the mean held-out accuracy over training.
-
-    ``sum((s[i+1] - s[i]) * (a[i] + a[i+1]) / 2) / (s[-1] - s[0])``; with the curve starting at step 0 the
-    divisor is the number of steps. ``None`` with fewer than two points.
-    """
-    if len(curve) < 2 or curve[-1][0] <= curve[0][0]:
-        return None
-    area = sum((s1 - s0) * (a0 + a1) / 2 for (s0, a0), (s1, a1) in pairwise(curve))
-    return area / (curve[-1][0] - curve[0][0])
-
-
-def max_drop(curve: list[tuple[int, float]]) -> float | None:
-    """Largest fall of ``curve`` below its best earlier point: ``max_i (max_{j<=i} a_j - a_i)``; ``None`` if empty.
-
-    0 for a curve that never decreases; a curve 0.2, 0.6, 0.4, 0.5 has drop 0.6 - 0.4 = 0.2.
-    """
-    if not curve:
-        return None
-    best, drop = -math.inf, 0.0
-    for _, accuracy in curve:
-        best = max(best, accuracy)
-        drop = max(drop, best - accuracy)
-    return drop
-
-
-def entropy_kept(rows: list[dict]) -> float | None:
-    """Mean ``entropy_mean`` of the last third of the logged steps divided by the first logged step's.
-
-    The last third is ``max(1, n // 3)`` rows, as ``summary.json`` ``reward_last_third`` counts them. ``None``
-    without entropy rows or with a first entropy of 0 (nothing to keep).
-    """
-    entropies = [float(r["entropy_mean"]) for r in rows if _number(r.get("entropy_mean")) is not None]
-    if not entropies or entropies[0] <= 0:
-        return None
-    last = entropies[-max(1, len(entropies) // 3) :]
-    return sum(last) / len(last) / entropies[0]
-
-
-def run_precision(run_dir: Path) -> str:
-    """The precision a run trained at, in one word: ``bf16`` (autocast of the update) or ``float32``.
-
-    Runs since 2026-12-05 record it in ``summary.json`` (``precision``, tepo.precision); older runs have the value
-    in ``config.yaml`` (``model.autocast_bf16``, then always explicit: true by default).
-    """
-    run_dir = Path(run_dir)
-    recorded = (_read_json(run_dir / "summary.json") or {}).get("precision")
-    if isinstance(recorded, dict) and "model_autocast_bf16" in recorded:
-        return "bf16" if recorded["model_autocast_bf16"] else "float32"
-    try:
-        import yaml
-
-        saved = yaml.safe_load((run_dir / "config.yaml").read_text(encoding="utf-8")) or {}
-    except (OSError, ValueError):
-        return "unknown"
-    value = (saved.get("model") or {}).get("autocast_bf16", True)
-    return {True: "bf16", False: "float32"}.get(value, str(value))
 
 
 class RunValues(NamedTuple):
@@ -304,7 +178,7 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
     values["auc_held_out"] = curve_auc(curve)
     values["held_out_drop"] = max_drop(curve)
     values["entropy_kept"] = entropy_kept(rows)
-    step_seconds = [float(r["step_seconds"]) for r in rows if _number(r.get("step_seconds")) is not None]
+    step_seconds = [float(r[STEP_SECONDS]) for r in rows if _number(r.get(STEP_SECONDS)) is not None]
     if step_seconds:
         values["seconds_per_step"] = statistics.median(step_seconds)
     initial = {
@@ -491,153 +365,3 @@ def build_table(
             "unit": "seed",
         },
     }
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Rendering
-# --------------------------------------------------------------------------------------------------------------
-
-
-def format_value(value: float | None, key: str) -> str:
-    """A column's number as the tables show it: steps with one decimal, seconds whole, scores with three."""
-    if value is None:
-        return "-"
-    if key in ("steps_to_threshold", "steps_to_share"):
-        return f"{value:.1f}"
-    if key in ("seconds_to_threshold", "seconds_to_share"):
-        return f"{value:.0f}"
-    if key == "seconds_per_step":
-        return f"{value:.1f}"
-    if key == "held_out_delta":
-        return f"{round(value, 3) + 0.0:+.3f}"  # + 0.0: no "-0.000" for a difference that rounds to zero
-    return f"{value:.3f}"
-
-
-def format_cell(cell: dict | None, key: str, *, markdown: bool, with_interval: bool = True) -> str:
-    if not cell or cell.get("mean") is None:
-        if not cell or not cell.get("of"):
-            return "-"
-        return f"not reached (0/{cell['of']})" if key in REACH_KEYS else f"- (0/{cell['of']})"
-    mean = format_value(cell["mean"], key)
-    if cell.get("best"):
-        mean = f"**{mean}**" if markdown else f"{mean}*"
-    text = mean
-    if with_interval and cell["n"] > 1:
-        text += f" [{format_value(cell['low'], key)}, {format_value(cell['high'], key)}]"
-    if cell.get("of") and cell["n"] < cell["of"]:
-        text += f" ({cell['n']}/{cell['of']})"
-    return text
-
-
-def table_rows(table: dict, *, markdown: bool) -> tuple[list[str], list[list[str]]]:
-    keys = [c["key"] for c in table["columns"]]
-    mixed = (table.get("precision") or {}).get("mixed", False)
-    headers = ["method", "seeds", *(["precision"] if mixed else [])] + [c["label"] for c in table["columns"]]
-    body = []
-    if table.get("initial"):
-        init = table["initial"]
-        body.append(
-            [init["method"], str(len(init["seeds"])), *(["-"] if mixed else [])]
-            + [format_cell(init["cells"].get(k), k, markdown=markdown) for k in keys]
-        )
-    for row in table["rows"]:
-        body.append(
-            [row["method"], str(len(row["seeds"])), *(["/".join(row.get("precision", []))] if mixed else [])]
-            + [format_cell(row["cells"][k], k, markdown=markdown) for k in keys]
-        )
-    return headers, body
-
-
-def table_footer(table: dict) -> str:
-    b, t = table["bootstrap"], table["threshold"]
-    lines = [
-        f"mean over seeds [{b['confidence']:.0%} percentile bootstrap interval over seeds, {b['resamples']} resamples, "
-        f"seed {b['seed']}]; best of each column marked; steps@{t['value']:g}: first step whose trailing "
-        f"{t['window']}-step mean batch reward >= {t['value']:g} (seeds that reached it / all); entropy kept: mean "
-        "token entropy of the last third of the steps / step 1's (descriptive, not ranked)",
-    ]
-    c = table.get("convergence") or {}
-    if c.get("target") is not None:
-        lines.append(
-            f"steps@{c['share']:.0%} {c['reference']}: first step whose held-out greedy accuracy (step 0, every "
-            f"eval, final) >= {c['share']:g} x {c['reference']}'s seed-mean final {c['reference_final_mean']:.3f} "
-            f"= {c['target']:.3f}; wall s: summed step_seconds to it; held-out AUC: trapezoid area under that "
-            "curve / steps (mean accuracy over training); held-out max drop: largest fall of that curve below an "
-            "earlier best"
-        )
-    elif c.get("reference"):
-        lines.append(f"steps@{c['share']:.0%}: no finished {c['reference']} run, so no convergence target")
-    if table.get("missing_runs"):
-        lines.append(f"not finished (left out): {', '.join(table['missing_runs'])}")
-    precision = table.get("precision") or {}
-    if precision.get("mixed"):
-        lines.append(
-            "precision: these runs did not all train at one precision (column 'precision'); their numbers are "
-            "not comparable as equals"
-        )
-    if precision.get("unpaired"):
-        lines.append(
-            f"not paired (different precision, no paired difference): {', '.join(precision['unpaired'])}"
-        )
-    return "\n".join(lines)
-
-
-PER_SEED_KEYS = ("held_out", "sampled")
-
-
-def per_seed_rows(table: dict, key: str) -> tuple[list[str], list[list[str]]]:
-    """Seeds as rows, methods as columns: one column's per-seed values (the initial policy first), so a reader
-    sees which seeds moved a mean; a method's value on a seed it did not finish is ``-``."""
-    methods = [r["method"] for r in table["rows"]]
-    seeds = sorted({int(s) for r in table["rows"] for s in r.get("per_seed", {})})
-    initial = table.get("initial") or {}
-    initial_by_seed = initial.get("per_seed", {})
-    headers = ["seed", INITIAL_ROW, *methods]
-    body = []
-    for seed in seeds:
-        line = [str(seed), format_value(initial_by_seed.get(str(seed), {}).get(key), key)]
-        for row in table["rows"]:
-            line.append(format_value(row.get("per_seed", {}).get(str(seed), {}).get(key), key))
-        body.append(line)
-    return headers, body
-
-
-def render_markdown(table: dict) -> str:
-    from tepo.metrics.tables import format_table
-
-    headers, body = table_rows(table, markdown=True)
-    text = format_table(headers, body) + "\n\n" + table_footer(table) + "\n"
-    labels = {c["key"]: c["label"] for c in table["columns"]}
-    for key in (k for k in PER_SEED_KEYS if k in labels):
-        seed_headers, seed_body = per_seed_rows(table, key)
-        if seed_body and any(cell != "-" for line in seed_body for cell in line[2:]):
-            text += f"\nPer seed: {labels[key]}\n\n" + format_table(seed_headers, seed_body) + "\n"
-    return text
-
-
-def select_columns(table: dict, keys: list[str]) -> dict:
-    """A copy of ``table`` with only the columns named in ``keys`` (column keys such as ``held_out`` or
-    ``steps_to_share``), in that order: a narrower table for a terminal or a page. Raises ``ValueError``
-    naming the available keys for an unknown one."""
-    by_key = {c["key"]: c for c in table["columns"]}
-    unknown = [k for k in keys if k not in by_key]
-    if unknown:
-        raise ValueError(
-            f"--columns: unknown column {', '.join(map(repr, unknown))}; this table has {', '.join(by_key)}"
-        )
-    return {**table, "columns": [by_key[k] for k in keys]}
-
-
-def render_terminal(table: dict) -> str:
-    from tepo.metrics.tables import format_table
-
-    headers, body = table_rows(table, markdown=False)
-    return format_table(headers, body) + "\n" + table_footer(table)
-
-
-def write_table(table: dict, directory: Path) -> tuple[Path, Path]:
-    directory = Path(directory)
-    md, js = directory / "table.md", directory / "table.json"
-    atomic_write_text(md, render_markdown(table))  # a killed `tepo compare` leaves the old table, never half
-    atomic_write_text(js, json.dumps(table, indent=2))
-    return md, js

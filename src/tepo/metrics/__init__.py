@@ -2,6 +2,7 @@
 
 - :mod:`tepo.metrics.log`: the per-step ``metrics.jsonl`` log (the record of truth) and its TensorBoard / W&B sinks,
 - :mod:`tepo.metrics.tokens`: per-token rollout records (``samples/step_XXXXXX.json``) for the token view,
+- :mod:`tepo.metrics.names`: the metric names grouped by phase (``reward/mean``), and the flat names they replace,
 - :mod:`tepo.metrics.tables`: plain-text / Markdown tables.
 
 Readers, plots and the HTML report of these records live in :mod:`tepo.report`.
@@ -10,5 +11,6 @@ Readers, plots and the HTML report of these records live in :mod:`tepo.report`.
 from __future__ import annotations
 
 from tepo.metrics.log import MetricsLog, read_metrics, truncate_metrics
+from tepo.metrics.names import canonical, metric_name, namespaced
 
-__all__ = ["MetricsLog", "read_metrics", "truncate_metrics"]
+__all__ = ["MetricsLog", "canonical", "metric_name", "namespaced", "read_metrics", "truncate_metrics"]

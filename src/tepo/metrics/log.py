@@ -6,6 +6,10 @@ redone move to ``metrics.rolledback.jsonl`` (kept, not deleted), so the main log
 missing step. The log also guards itself: opening it drops a torn last line (a kill mid-write), and appending a
 step that is already logged (a run killed before its first checkpoint restarts from step 0) first moves that
 row and any later ones to ``metrics.rolledback.jsonl``.
+
+Rows are written with their metric names grouped by phase (``reward/mean``, ``update/clip_frac_high``,
+``time/step_seconds``; :mod:`tepo.metrics.names`), to the file and to the sinks alike; :func:`read_metrics` gives
+the grouped names for a log of either spelling (runs written before the grouping have flat names).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tepo.files import atomic_write_text
+from tepo.metrics.names import canonical, namespaced
 
 
 def _clean(value: Any) -> Any:
@@ -72,7 +77,7 @@ class MetricsLog:
             truncate_metrics(self.path.parent, step - 1)
         if isinstance(step, int):
             self._last_step = step
-        clean = {key: _clean(value) for key, value in row.items()}
+        clean = {key: _clean(value) for key, value in namespaced(row).items()}
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(clean) + "\n")
             handle.flush()
@@ -107,13 +112,14 @@ def _drop_torn_tail(path: Path) -> None:
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """Rows of a metrics file; a torn last line (the run was killed mid-write) is ignored."""
+    """Rows of a metrics file with grouped metric names (:func:`tepo.metrics.names.canonical`: a log written
+    before the grouping reads as a new one); a torn last line (the run was killed mid-write) is ignored."""
     rows = []
     if not Path(path).exists():
         return rows
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
-            rows.append(json.loads(line))
+            rows.append(canonical(json.loads(line)))
         except json.JSONDecodeError:
             continue
     return rows

@@ -18,6 +18,7 @@ DEFAULT_THRESHOLD = 0.3  # batch reward; the default task starts near 0.05 (see 
 
 
 def _cmd_compare(args) -> int:
+    from tepo.compare.render import render_markdown, render_terminal, select_columns, write_table
     from tepo.compare.runner import (
         discover_runs,
         parse_methods,
@@ -25,13 +26,7 @@ def _cmd_compare(args) -> int:
         plan_comparison,
         run_comparison,
     )
-    from tepo.compare.table import (
-        build_table,
-        render_markdown,
-        render_terminal,
-        select_columns,
-        write_table,
-    )
+    from tepo.compare.table import build_table
     from tepo.config import ConfigError
 
     if args.table_only:

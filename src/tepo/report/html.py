@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tepo.metrics import read_metrics
+from tepo.metrics.names import flat_name
 from tepo.report.plots import (
     informative_comparison_curves,
     plot_comparison_grid,
@@ -107,7 +108,7 @@ def token_view_html(samples: list[dict]) -> str:
 
 
 def comparison_table_html(table: dict) -> str:
-    from tepo.compare.table import REACH_KEYS, format_value
+    from tepo.compare.render import REACH_KEYS, format_value
 
     cols = table["columns"]
     head = "".join(f"<th>{html.escape(c['label'])}</th>" for c in cols)
@@ -159,7 +160,8 @@ def _curves_section(
     kept, zero, absent = informative_comparison_curves(runs_by_method)
     tags = []
     for key, label in kept:
-        png = plot_metric_by_method(runs_by_method, key, label, fig_dir / f"curve_{key}.png")
+        # Named by the flat metric name (curve_reward_mean.png), as before the names were grouped: pages link them.
+        png = plot_metric_by_method(runs_by_method, key, label, fig_dir / f"curve_{flat_name(key)}.png")
         figures.append(png)
         tags.append(_png_tag(png, label))
     if kept:
@@ -186,12 +188,12 @@ def _held_out_section(
 ) -> list[str]:
     """Held-out accuracy by step (step 0, every eval, final), greedy (the curve the convergence columns read)
     and, where the runs scored it, one sample per problem."""
-    from tepo.compare.table import held_out_curve
+    from tepo.compare.measures import held_out_curve
 
     tags = []
     for key, label, name in (
-        ("eval_greedy_accuracy", "held-out accuracy (greedy)", "curve_held_out.png"),
-        ("eval_sampled_accuracy", "held-out accuracy (one sample)", "curve_held_out_sampled.png"),
+        ("eval/greedy_accuracy", "held-out accuracy (greedy)", "curve_held_out.png"),
+        ("eval/sampled_accuracy", "held-out accuracy (one sample)", "curve_held_out_sampled.png"),
     ):
         curves = {
             m: [[{"step": s, key: a} for s, a in held_out_curve(d, key)] for _, d in sorted(seeds.items())]
@@ -292,8 +294,9 @@ def report_comparison(
     directory: Path, *, threshold: float = 0.3, window: int = 3, **table_options
 ) -> ReportResult:
     """``table_options``: ``convergence_share`` / ``reference`` of :func:`tepo.compare.table.build_table`."""
+    from tepo.compare.render import table_footer, write_table
     from tepo.compare.runner import discover_runs, load_plan
-    from tepo.compare.table import build_table, table_footer, write_table
+    from tepo.compare.table import build_table
 
     directory = Path(directory)
     runs = discover_runs(directory)

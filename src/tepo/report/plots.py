@@ -6,16 +6,18 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+# (metric, panel title); metrics by their grouped names (tepo.metrics.names), which read_metrics gives for old
+# (flat) logs too.
 CURVES = (
-    ("reward_mean", "batch reward (mean)"),
-    ("entropy_mean", "token entropy"),
-    ("clip_frac_high", "clip fraction (high)"),
-    ("approx_kl", "approx. KL old->new (k3)"),
-    ("mismatch_kl_k3", "KL sampler->trainer (k3)"),
-    ("grad_norm", "gradient norm (pre-clip)"),
-    ("response_length_mean", "response length (tokens)"),
-    ("frac_truncated", "share truncated"),
-    ("step_seconds", "seconds per step"),
+    ("reward/mean", "batch reward (mean)"),
+    ("update/entropy_mean", "token entropy"),
+    ("update/clip_frac_high", "clip fraction (high)"),
+    ("update/approx_kl", "approx. KL old->new (k3)"),
+    ("mismatch/kl_k3", "KL sampler->trainer (k3)"),
+    ("update/grad_norm", "gradient norm (pre-clip)"),
+    ("rollout/response_length_mean", "response length (tokens)"),
+    ("rollout/frac_truncated", "share truncated"),
+    ("time/step_seconds", "seconds per step"),
 )
 
 
@@ -84,20 +86,20 @@ def plot_training_curves(
 # --------------------------------------------------------------------------------------------------------------
 
 COMPARISON_CURVES = (
-    ("reward_mean", "batch reward (mean)"),
-    ("accuracy", "batch accuracy"),
-    ("entropy_mean", "token entropy (nats)"),
-    ("grad_norm", "gradient norm (pre-clip)"),
+    ("reward/mean", "batch reward (mean)"),
+    ("reward/accuracy", "batch accuracy"),
+    ("update/entropy_mean", "token entropy (nats)"),
+    ("update/grad_norm", "gradient norm (pre-clip)"),
     # clip_frac_*: share of tokens whose ratio was clipped (for a sequence-ratio loss such as tepo or gspo, the
     # tokens of clipped responses, so long responses weigh more); seq_clip_frac_*: share of responses clipped,
     # logged by sequence-ratio losses only. The second says how many responses the clip touched.
-    ("clip_frac_low", "clip fraction, tokens (low)"),
-    ("clip_frac_high", "clip fraction, tokens (high)"),
-    ("seq_clip_frac_low", "clip fraction, sequences (low)"),
-    ("seq_clip_frac_high", "clip fraction, sequences (high)"),
-    ("approx_kl", "approx. KL old->new (k3)"),
-    ("response_length_mean", "response length (tokens)"),
-    ("step_seconds", "seconds per step"),
+    ("update/clip_frac_low", "clip fraction, tokens (low)"),
+    ("update/clip_frac_high", "clip fraction, tokens (high)"),
+    ("update/seq_clip_frac_low", "clip fraction, sequences (low)"),
+    ("update/seq_clip_frac_high", "clip fraction, sequences (high)"),
+    ("update/approx_kl", "approx. KL old->new (k3)"),
+    ("rollout/response_length_mean", "response length (tokens)"),
+    ("time/step_seconds", "seconds per step"),
 )
 
 
@@ -147,7 +149,11 @@ def seed_band(
 
 
 def _draw_band(
-    ax, runs_by_method: dict[str, list[list[dict]]], key: str, label: str, colours: dict[str, str] | None = None
+    ax,
+    runs_by_method: dict[str, list[list[dict]]],
+    key: str,
+    label: str,
+    colours: dict[str, str] | None = None,
 ) -> bool:
     """Each method's seed mean and min-max band. ``colours``: method -> colour, so that figures with several
     panels keep one colour per method (default: matplotlib's cycle in the order given)."""
@@ -188,9 +194,9 @@ def plot_held_out_panels(
     seeds, the seed range shaded, one colour per method across panels): the report's single panel is unreadable
     past five or so methods. Finished runs only (``summary.json``); ``ValueError`` (one line) for a group with no
     finished run or titles that do not match the groups."""
-    from tepo.compare.table import held_out_curve
+    from tepo.compare.measures import held_out_curve
 
-    key = "eval_greedy_accuracy"
+    key = "eval/greedy_accuracy"
     directory = Path(directory)
     if titles and len(titles) != len(groups):
         raise ValueError(f"--panel-titles: {len(titles)} titles for {len(groups)} panels")

@@ -450,10 +450,12 @@ def _progress_bar(config: RunConfig, initial: int):
 def summarize(run_dir: Path, before: dict, after: dict) -> dict:
     """The run's headline numbers: held-out scores before/after, reward and entropy trends, median step time."""
     rows = read_metrics(Path(run_dir) / "metrics.jsonl")
-    rewards = [r["reward_mean"] for r in rows if isinstance(r.get("reward_mean"), int | float)]
+    rewards = [r["reward/mean"] for r in rows if isinstance(r.get("reward/mean"), int | float)]
     third = max(1, len(rewards) // 3)
-    step_times = [r["step_seconds"] for r in rows if isinstance(r.get("step_seconds"), int | float)]
-    entropies = [r["entropy_mean"] for r in rows if isinstance(r.get("entropy_mean"), int | float)]
+    step_times = [r["time/step_seconds"] for r in rows if isinstance(r.get("time/step_seconds"), int | float)]
+    entropies = [
+        r["update/entropy_mean"] for r in rows if isinstance(r.get("update/entropy_mean"), int | float)
+    ]
     return {
         "steps": len(rows),
         "before": before,

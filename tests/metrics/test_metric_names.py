@@ -1,0 +1,168 @@
+"""Metric names grouped by phase (tepo.metrics.names): one table from the flat names a step returns to the names
+the log writes, every key the trainer emits placed by it, and old flat logs read with the new names."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tepo.config import load_config
+from tepo.losses import POLICY_LOSSES, compute_policy_loss, mini_batch_stats
+from tepo.metrics import MetricsLog, read_metrics
+from tepo.metrics.names import (
+    FLAT_NAMES,
+    GROUPS,
+    NAMES,
+    canonical,
+    flat_name,
+    metric_name,
+    namespaced,
+    unplaced,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _committed_logs() -> list[Path]:
+    files = subprocess.run(
+        ["git", "ls-files", "*metrics*.jsonl"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    return [REPO / f for f in files]
+
+
+def test_the_table_is_one_to_one_and_grouped():
+    assert len(FLAT_NAMES) == len(NAMES), "two flat names share a grouped name"
+    for flat, grouped in NAMES.items():
+        assert "/" not in flat and grouped.split("/")[0] in GROUPS, (flat, grouped)
+        assert metric_name(flat) == grouped and flat_name(grouped) == flat
+    assert metric_name("step") == "step" and metric_name("reward/format_mean") == "reward/format_mean"
+    assert NAMES["reward_mean"] == "reward/mean" and NAMES["clip_frac_high"] == "update/clip_frac_high"
+
+
+def test_a_flat_row_is_written_grouped_and_read_back_grouped(tmp_path):
+    flat = {
+        "step": 1,
+        "reward_mean": 0.5,
+        "clip_frac_high": 0.0,
+        "reward/format_mean": 1.0,
+        "my_loss_term": 2.0,
+    }
+    log = MetricsLog(tmp_path)
+    log.append(flat)
+    log.close()
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    written = json.loads(line)
+    assert list(written) == [
+        "step",
+        "reward/mean",
+        "update/clip_frac_high",
+        "reward/format_mean",
+        "my_loss_term",
+    ]
+    assert read_metrics(tmp_path / "metrics.jsonl") == [written] == [namespaced(flat)]
+    assert canonical(written) == written  # reading a new log changes nothing
+
+
+def test_an_old_flat_log_reads_as_a_new_one(tmp_path):
+    old = {
+        "step": 3,
+        "reward_mean": 0.25,
+        "step_seconds": 9.5,
+        "eval_greedy_accuracy": 0.5,
+        "parity_gap": 0.1,
+    }
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(old) + "\n")
+    (row,) = read_metrics(tmp_path / "metrics.jsonl")
+    assert row == {
+        "step": 3,
+        "reward/mean": 0.25,
+        "time/step_seconds": 9.5,
+        "eval/greedy_accuracy": 0.5,
+        "parity/gap": 0.1,
+    }
+
+
+def test_every_key_of_the_committed_study_runs_is_placed():
+    logs = _committed_logs()
+    assert len(logs) >= 40, logs  # docs/results/* and tests/fixtures/compare
+    for path in logs:
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            assert not unplaced(row), (path, unplaced(row))
+            assert all(k == "step" or "/" in k for k in canonical(row)), path
+
+
+def _loss_inputs(n: int = 4, t: int = 5) -> dict:
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(n, t, generator=g) - 0.1
+    return {
+        "logp": logp.clone().requires_grad_(True),
+        "old_logp": logp + 0.05 * torch.randn(n, t, generator=g),
+        "advantages": torch.randn(n, generator=g),
+        "mask": torch.ones(n, t),
+        "ref_logp": logp + 0.1,
+        "entropy": torch.rand(n, t, generator=g),
+        "old_entropy": torch.rand(n, t, generator=g),
+        "rollout_logp": logp - 0.02,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_every_registered_loss_logs_placed_metrics(name):
+    spec = POLICY_LOSSES[name]
+    inputs = _loss_inputs()
+    options = {"entropy_coef": 0.01, "kl_coef": 0.01}
+    if spec.needs_batch_stats:
+        kept = ("logp", "old_logp", "advantages", "mask", "entropy", "rollout_logp")
+        options["batch_stats"] = mini_batch_stats(name, **{k: inputs[k] for k in kept})
+    try:
+        _, metrics = compute_policy_loss(name, **inputs, tepo_kl_mask_coef=0.1, **options)
+    except ValueError:  # the KL mask applies to some losses only
+        _, metrics = compute_policy_loss(name, **inputs, **options)
+    assert not unplaced(metrics), f"{name}: add {unplaced(metrics)} to tepo.metrics.names"
+
+
+@pytest.mark.model
+def test_a_training_run_logs_only_grouped_names(tmp_path, tiny_model_dir):
+    """Two real steps on a tiny model with most optional metrics on (evaluation every step, a reference model,
+    a rollout correction, overlong shaping, two reward functions): every key the step and the trainer return is
+    placed by the table, and the log holds no flat name of it."""
+    from tepo.training import train
+
+    config = load_config(
+        "default",
+        [
+            f"model.name={tiny_model_dir}",
+            "rollout.backend=hf",
+            f"train.output_dir={tmp_path}",
+            "train.run_name=names",
+            "train.steps=2",
+            "train.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=4",
+            "eval.size=2",
+            "eval.every=1",
+            "eval.samples=2",
+            "algorithm.kl_coef=0.01",
+            "algorithm.rollout_correction=tis",
+            "reward.overlong_buffer=2",
+            "reward.functions=[{name: correctness, weight: 1.0}, {name: format, weight: 0.5}]",
+            "train.save_every=0",
+            "train.save_final=false",
+            "reward.num_workers=1",
+            "log.progress=false",
+        ],
+    )
+    run_dir = train(config, log=lambda *_: None).run_dir
+    raw = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in raw] == [1, 2]
+    keys = {k for row in raw for k in row}
+    assert not unplaced(keys), f"add {unplaced(keys)} to tepo.metrics.names"
+    assert not keys & set(NAMES), "a flat name was written"
+    for expected in ("reward/mean", "update/grad_norm", "time/step_seconds", "eval/greedy_accuracy"):
+        assert expected in keys
+    assert {"mismatch/kl_k3", "mismatch/is_weight_mean", "update/kl_ref", "reward/format_mean"} <= keys
