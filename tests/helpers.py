@@ -41,6 +41,17 @@ def vllm_python_or_skip() -> str:
         pytest.skip(f"vLLM is not installed: {err}")
 
 
+def small_run_overrides(tmp_path, *extra: str) -> list[str]:
+    """Config overrides of a few-second training run on the HF backend (the trainer's logic; the vLLM backend has
+    its own run in tests/rollout/test_rollout_vllm.py): 2 prompts x 3 samples of 8 tokens, micro-batches of 4, 2
+    held-out problems, a checkpoint every step, one reward worker, no progress bar; then ``extra`` (later
+    overrides win)."""
+    run = [f"train.output_dir={tmp_path}", "rollout.backend=hf", "eval.size=2", "train.save_every=1"]
+    sizes = ["train.prompts_per_step=2", "rollout.group_size=3", "rollout.max_new_tokens=8"]
+    quiet = ["train.micro_batch_size=4", "reward.num_workers=1", "log.progress=false"]
+    return [*run, *sizes, *quiet, *extra]
+
+
 def small_vllm_run_overrides(tmp_path, python: str) -> list[str]:
     """Config overrides of a few-second training run on the real vLLM engine (2 prompts x 3 samples, 8 tokens,
     one micro-batch, no checkpoints); tests append what they check (later overrides win)."""
@@ -97,8 +108,6 @@ def random_rollout_batch(
     lengths 1..``response`` (ids < ``vocab``, padded with 0 after each response's end), rows grouped by prompt."""
     import torch
 
-    from tepo.rollout.base import RolloutBatch
-
     gen = torch.Generator().manual_seed(seed)
     n = groups * group_size
     prompts = torch.randint(1, vocab, (groups, prompt), generator=gen).repeat_interleave(group_size, 0)
@@ -107,16 +116,28 @@ def random_rollout_batch(
     rmask = (torch.arange(response)[None] < lengths[:, None]).float()
     ids = torch.where(rmask.bool(), ids, torch.zeros_like(ids))
     att = torch.cat([torch.ones(n, prompt, dtype=torch.long), rmask.long()], 1)
+    return rollout_batch_of(torch.cat([prompts, ids], 1), att, rmask, group_size)
+
+
+def rollout_batch_of(input_ids, attention_mask, response_mask, group_size: int, **fields):
+    """A ``RolloutBatch`` of these tensors, rows grouped by prompt in groups of ``group_size``: no texts, nothing
+    truncated, no generation time; ``fields`` add the rest (``rollout_logp`` ...)."""
+    import torch
+
+    from tepo.rollout.base import RolloutBatch
+
+    n, response = response_mask.shape
     return RolloutBatch(
-        input_ids=torch.cat([prompts, ids], 1),
-        attention_mask=att,
-        response_mask=rmask,
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        response_mask=response_mask,
         response_len=response,
         prompt_index=torch.arange(n) // group_size,
         texts=[""] * n,
         truncated=torch.zeros(n, dtype=torch.bool),
         gen_seconds=0.0,
-        num_generated_tokens=int(rmask.sum()),
+        num_generated_tokens=int(response_mask.sum()),
+        **fields,
     )
 
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from helpers import tiny_llama
+from helpers import rollout_batch_of, tiny_llama
 from tepo.config import ConfigError, load_config
 from tepo.device import device_setting_error, resolve_device
 from update_runs import apply_update
@@ -134,7 +134,6 @@ def test_the_update_phase_creates_no_tensor_without_a_device(one_torch_thread):
     model: each device-less factory call they make is one of HOST_ON_PURPOSE's."""
     from tepo.advantages import compute_advantages
     from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
-    from tepo.rollout.base import RolloutBatch
     from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
     from tepo.training.update import UpdatePlan, UpdateSettings
 
@@ -144,18 +143,7 @@ def test_the_update_phase_creates_no_tensor_without_a_device(one_torch_thread):
     prompts = torch.randint(1, 90, (groups, p), generator=gen).repeat_interleave(g, 0)
     ids = torch.cat([prompts, torch.randint(1, 90, (n, t), generator=gen)], 1)
     att = torch.ones(n, p + t, dtype=torch.long)
-    batch = RolloutBatch(
-        input_ids=ids,
-        attention_mask=att,
-        response_mask=torch.ones(n, t),
-        response_len=t,
-        prompt_index=torch.arange(n) // g,
-        texts=[""] * n,
-        truncated=torch.zeros(n, dtype=torch.bool),
-        gen_seconds=0.0,
-        num_generated_tokens=n * t,
-        rollout_logp=torch.full((n, t), -4.0),
-    )
+    batch = rollout_batch_of(ids, att, torch.ones(n, t), g, rollout_logp=torch.full((n, t), -4.0))
     model = tiny_llama(0).train()
     settings = LogprobSettings(n, 1.0, False, True, "auto")  # float32: ms on a busy CPU
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from helpers import random_rollout_batch, tiny_llama, write_tiny_llama
+from helpers import random_rollout_batch, small_run_overrides, tiny_llama, write_tiny_llama
 from update_runs import apply_update
 
 pytestmark = [
@@ -131,23 +131,9 @@ def test_checkpoints_move_between_devices_with_the_cuda_rng(tmp_path):
 
 
 def _overrides(tmp_path, model_dir, *extra):
-    return [
-        f"model.name={model_dir}",
-        f"train.output_dir={tmp_path}",
-        "train.device=cuda",
-        "rollout.backend=hf",
-        "train.prompts_per_step=2",
-        "rollout.group_size=3",
-        "rollout.max_new_tokens=8",
-        "eval.size=2",
-        "train.micro_batch_size=4",
-        "train.save_every=1",
-        "reward.num_workers=1",
-        "log.progress=false",
-        "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the rewards
-        "optim.lr=1e-3",
-        *extra,
-    ]
+    # an entropy bonus: a non-zero gradient whatever the rewards
+    on_cuda = [f"model.name={model_dir}", "train.device=cuda", "algorithm.entropy_coef=0.01", "optim.lr=1e-3"]
+    return small_run_overrides(tmp_path, *on_cuda, *extra)
 
 
 _EXACT = ("train.deterministic=true",)

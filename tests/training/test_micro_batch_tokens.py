@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from helpers import tiny_llama
+from helpers import rollout_batch_of, tiny_llama
 from tepo.losses import list_policy_losses
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
@@ -32,17 +32,7 @@ def _batch(prompt_lengths, response_lengths, *, prompt=PROMPT, response=RESPONSE
     r_mask = torch.arange(response)[None] < r_len[:, None]
     prompts = torch.randint(1, 90, (n // G + 1, prompt), generator=gen).repeat_interleave(G, 0)[:n]
     ids = torch.cat([prompts * p_mask, torch.randint(1, 90, (n, response), generator=gen) * r_mask], 1)
-    return RolloutBatch(
-        input_ids=ids,
-        attention_mask=torch.cat([p_mask, r_mask], 1).long(),
-        response_mask=r_mask.float(),
-        response_len=response,
-        prompt_index=torch.arange(n) // G,
-        texts=[""] * n,
-        truncated=torch.zeros(n, dtype=torch.bool),
-        gen_seconds=0.0,
-        num_generated_tokens=int(r_mask.sum()),
-    )
+    return rollout_batch_of(ids, torch.cat([p_mask, r_mask], 1).long(), r_mask.float(), G)
 
 
 # ---- the planner ------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 import tepo.training.step
 import tepo.training.update
+from helpers import small_run_overrides
 from tepo.checkpoint import find_latest_checkpoint
 from tepo.config import load_config
 from tepo.metrics import read_metrics
@@ -54,25 +55,15 @@ def inject(monkeypatch, faults: dict[int, str]) -> list[int]:
 
 def tiny(tmp_path, *extra):
     # One micro-batch per step (4 sequences <= micro_batch_size), so loss call n is step n.
-    return load_config(
-        "default",
-        [
-            f"train.output_dir={tmp_path}",
-            "rollout.backend=hf",  # the trainer's logic; the vLLM backend has its own run in test_rollout_vllm.py
-            "train.run_name=faults",
-            "train.prompts_per_step=2",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=4",
-            "train.micro_batch_size=8",
-            "eval.size=0",
-            "train.save_every=1",
-            "reward.num_workers=1",
-            "log.progress=false",
-            "optim.lr=1e-3",
-            "algorithm.entropy_coef=0.01",  # a non-zero gradient whatever the rewards
-            *extra,
-        ],
-    )
+    faults = [
+        "train.run_name=faults",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=4",
+        "train.micro_batch_size=8",
+    ]
+    # no evaluation; an entropy bonus: a non-zero gradient whatever the rewards
+    rest = ["eval.size=0", "optim.lr=1e-3", "algorithm.entropy_coef=0.01"]
+    return load_config("default", small_run_overrides(tmp_path, *faults, *rest, *extra))
 
 
 def _same(a: dict, b: dict) -> bool:

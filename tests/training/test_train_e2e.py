@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers import small_run_overrides
 from tepo.config import load_config
 from tepo.metrics import read_metrics
 from tepo.training import resume, train
@@ -50,24 +51,8 @@ TIMING_KEYS = {k for k in REQUIRED_KEYS if k.startswith(("time/", "memory/"))} |
 
 
 def tiny(tmp_path, *extra):
-    return load_config(
-        "default",
-        [
-            f"train.output_dir={tmp_path}",
-            "rollout.backend=hf",  # the trainer's logic; the vLLM backend has its own run in test_rollout_vllm.py
-            "train.steps=2",
-            "train.prompts_per_step=2",
-            "rollout.group_size=3",
-            "rollout.max_new_tokens=8",
-            "eval.size=2",
-            "train.micro_batch_size=4",
-            "train.save_every=1",
-            "train.keep_last=1",  # the tests read only the last one; each is 1.6 GB of disk
-            "reward.num_workers=1",
-            "log.progress=false",
-            *extra,
-        ],
-    )
+    # keep_last 1: the tests read only the last checkpoint; each is 1.6 GB of disk
+    return load_config("default", small_run_overrides(tmp_path, "train.steps=2", "train.keep_last=1", *extra))
 
 
 def test_two_steps_train_log_and_change_parameters(tmp_path, embedded_model_dir):
