@@ -121,21 +121,19 @@ def random_rollout_batch(
 
 def rollout_batch_of(input_ids, attention_mask, response_mask, group_size: int, **fields):
     """A ``RolloutBatch`` of these tensors, rows grouped by prompt in groups of ``group_size``: no texts, nothing
-    truncated, no generation time; ``fields`` add the rest (``rollout_logp`` ...)."""
+    truncated, no generation time unless ``fields`` say otherwise (they also add the rest: ``rollout_logp`` ...)."""
     import torch
 
     from tepo.rollout.base import RolloutBatch
 
     n, response = response_mask.shape
+    fields = dict(texts=[""] * n, truncated=torch.zeros(n, dtype=torch.bool), gen_seconds=0.0) | fields
     return RolloutBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         response_mask=response_mask,
         response_len=response,
         prompt_index=torch.arange(n) // group_size,
-        texts=[""] * n,
-        truncated=torch.zeros(n, dtype=torch.bool),
-        gen_seconds=0.0,
         num_generated_tokens=int(response_mask.sum()),
         **fields,
     )

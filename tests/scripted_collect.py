@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from helpers import rollout_batch_of
 from tepo.data import Problem
-from tepo.rollout.base import RolloutBatch
 from tepo.training.collect import SamplerSettings
 
 
@@ -45,17 +45,7 @@ class ScriptedRollout:
             ids[row, width_p : width_p + lengths[row]] = 7 + row
             att[row, width_p : width_p + lengths[row]] = 1
             rmask[row, : lengths[row]] = 1
-        return RolloutBatch(
-            input_ids=ids,
-            attention_mask=att,
-            response_mask=rmask,
-            response_len=t,
-            prompt_index=torch.arange(n) // num_samples,
-            texts=list(texts),
-            truncated=torch.zeros(n, dtype=torch.bool),
-            gen_seconds=0.5,
-            num_generated_tokens=int(rmask.sum()),
-        )
+        return rollout_batch_of(ids, att, rmask, num_samples, texts=list(texts), gen_seconds=0.5)
 
 
 def problems(count: int) -> list[Problem]:
