@@ -197,14 +197,13 @@ CONFIG_CASES = {
         "train.mini_batch_prompts (8) is larger than the batch, train.prompts_per_step (4)",
     ),
     "group_of_one_grpo": (["rollout.group_size=1"], "rollout.group_size is 1 but algorithm.advantage='grpo'"),
-    "group_of_one_rloo": (
-        ["rollout.group_size=1", "algorithm.advantage=rloo"],
-        "rollout.group_size is 1 but algorithm.advantage='rloo'",
-    ),
-    "group_of_one_token_level": (
-        ["rollout.group_size=1", "algorithm.advantage=entropy_adv"],
-        "rollout.group_size is 1 but algorithm.advantage='entropy_adv'",
-    ),
+    **{
+        f"group_of_one_{label}": (
+            ["rollout.group_size=1", f"algorithm.advantage={name}"],
+            f"rollout.group_size is 1 but algorithm.advantage='{name}'",
+        )
+        for label, name in (("rloo", "rloo"), ("token_level", "entropy_adv"))
+    },
     "unknown_loss": (["algorithm.loss=ppo2"], "algorithm.loss: unknown loss 'ppo2' (valid: "),
     "unknown_estimator": (["algorithm.advantage=gae"], "algorithm.advantage: unknown estimator 'gae'"),
     "unknown_loss_option": (
