@@ -204,3 +204,9 @@ def next_token_logits(model, batch):
         ).logits
     p, t = batch.prompt_len, batch.response_len
     return logits[:, p - 1 : p + t - 1].float()
+
+
+def chat_prompt_ids(tokenizer, questions: list[str]) -> list[list[int]]:
+    """Each question as one user turn through the tokenizer's chat template (generation prompt added): token ids."""
+    turns = ([{"role": "user", "content": q}] for q in questions)
+    return [list(tokenizer.apply_chat_template(t, add_generation_prompt=True)["input_ids"]) for t in turns]

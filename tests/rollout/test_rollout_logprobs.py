@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from helpers import next_token_logits, nucleus_logprobs
+from helpers import chat_prompt_ids, next_token_logits, nucleus_logprobs
 from tepo.rollout import HFRollout
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -39,15 +39,9 @@ def test_the_reference_by_hand():
 @pytest.fixture(scope="module")
 def prompts(embedded_model):
     _, tokenizer = embedded_model
-    questions = ["What is 2+3? Reply with the number only.", "Write a long story about a dragon."]
-    return [
-        list(
-            tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)[
-                "input_ids"
-            ]
-        )
-        for q in questions
-    ]
+    return chat_prompt_ids(
+        tokenizer, ["What is 2+3? Reply with the number only.", "Write a long story about a dragon."]
+    )
 
 
 @pytest.mark.model

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import small_vllm_run_overrides, vllm_python_or_skip
+from helpers import chat_prompt_ids, small_vllm_run_overrides, vllm_python_or_skip
 from tepo.config import RolloutConfig
 from tepo.rollout import choose_rollout_backend
 from tepo.rollout.base import batch_from_responses
@@ -225,15 +225,7 @@ def fp32_engine(embedded_model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def chat_prompts(embedded_model):
     _, tokenizer = embedded_model
-    questions = ["What is 2+3? Reply with the number only.", "Name a colour."]
-    return [
-        list(
-            tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)[
-                "input_ids"
-            ]
-        )
-        for q in questions
-    ]
+    return chat_prompt_ids(tokenizer, ["What is 2+3? Reply with the number only.", "Name a colour."])
 
 
 def _max_logp_gap(engine, prompts, **kw) -> tuple[float, object]:
