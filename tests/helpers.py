@@ -210,3 +210,19 @@ def chat_prompt_ids(tokenizer, questions: list[str]) -> list[list[int]]:
     """Each question as one user turn through the tokenizer's chat template (generation prompt added): token ids."""
     turns = ([{"role": "user", "content": q}] for q in questions)
     return [list(tokenizer.apply_chat_template(t, add_generation_prompt=True)["input_ids"]) for t in turns]
+
+
+def check_rollout_logp(model, batch, temperature: float, top_p: float, atol: float):
+    """Assert that a sampler's ``batch.rollout_logp`` is each sampled token's log-probability under ``model``'s
+    nucleus at ``temperature`` / ``top_p`` (`nucleus_logprobs` of `next_token_logits`, to ``atol``) and 0 on
+    padding; returns ``(logits, tokens, mask)`` for the caller's further checks."""
+    import torch
+
+    logits = next_token_logits(model, batch)
+    tokens = batch.response_ids.unsqueeze(-1)
+    want = nucleus_logprobs(logits, temperature, top_p).gather(-1, tokens).squeeze(-1)
+    mask = batch.response_mask.bool()
+    assert torch.isfinite(want[mask]).all(), "a sampled token lies outside the reference nucleus"
+    torch.testing.assert_close(batch.rollout_logp[mask], want[mask], atol=atol, rtol=0)
+    assert (batch.rollout_logp[~mask] == 0).all()
+    return logits, tokens, mask

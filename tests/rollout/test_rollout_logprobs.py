@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from helpers import chat_prompt_ids, next_token_logits, nucleus_logprobs
+from helpers import chat_prompt_ids, check_rollout_logp, nucleus_logprobs
 from tepo.rollout import HFRollout
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -49,22 +49,9 @@ def prompts(embedded_model):
 def test_hf_rollout_logp_is_the_sampling_distribution(embedded_model, prompts, temperature, top_p):
     model, tokenizer = embedded_model
     rollout = HFRollout(model, tokenizer, autocast_bf16=False)
-    batch = rollout.generate(
-        prompts,
-        num_samples=3,
-        max_new_tokens=12,
-        temperature=temperature,
-        top_p=top_p,
-        seed=11,
-        return_logprobs=True,
-    )
-    logits = next_token_logits(model, batch)
-    tokens = batch.response_ids.unsqueeze(-1)
-    want = nucleus_logprobs(logits, temperature, top_p).gather(-1, tokens).squeeze(-1)
-    mask = batch.response_mask.bool()
-    assert torch.isfinite(want[mask]).all(), "a sampled token lies outside the reference nucleus"
-    torch.testing.assert_close(batch.rollout_logp[mask], want[mask], atol=2e-4, rtol=0)
-    assert (batch.rollout_logp[~mask] == 0).all()
+    sampling = dict(temperature=temperature, top_p=top_p, seed=11, return_logprobs=True)
+    batch = rollout.generate(prompts, num_samples=3, max_new_tokens=12, **sampling)
+    logits, tokens, mask = check_rollout_logp(model, batch, temperature, top_p, atol=2e-4)
     plain = torch.log_softmax(logits / temperature, -1).gather(-1, tokens).squeeze(-1)
     if top_p < 1:
         # Renormalising over the nucleus raises every kept token's log-prob by -log(nucleus mass) >= 0, and

@@ -285,25 +285,12 @@ def test_vllm_logprobs_are_the_processed_ones_temperature_and_nucleus(fp32_engin
     """With T != 1 and top_p < 1 the engine reports log-probs of the distribution it sampled from (vLLM's
     "processed_logprobs"), not the raw model's: they equal the renormalised nucleus of the trainer's float32
     logits / T, and differ from the untruncated ones."""
-    from helpers import next_token_logits, nucleus_logprobs
+    from helpers import check_rollout_logp
 
     temperature, top_p = 0.8, 0.7
-    batch = fp32_engine.generate(
-        chat_prompts,
-        num_samples=4,
-        max_new_tokens=16,
-        temperature=temperature,
-        top_p=top_p,
-        seed=3,
-        return_logprobs=True,
-    )
-    logits = next_token_logits(fp32_engine.model, batch)
-    tokens = batch.response_ids.unsqueeze(-1)
-    want = nucleus_logprobs(logits, temperature, top_p).gather(-1, tokens).squeeze(-1)
-    mask = batch.response_mask.bool()
-    assert torch.isfinite(want[mask]).all(), "the engine sampled a token outside the nucleus"
-    torch.testing.assert_close(batch.rollout_logp[mask], want[mask], atol=1e-3, rtol=0)
-    assert (batch.rollout_logp[~mask] == 0).all()
+    sampling = dict(temperature=temperature, top_p=top_p, seed=3, return_logprobs=True)
+    batch = fp32_engine.generate(chat_prompts, num_samples=4, max_new_tokens=16, **sampling)
+    logits, tokens, mask = check_rollout_logp(fp32_engine.model, batch, temperature, top_p, atol=1e-3)
     raw = torch.log_softmax(logits, -1).gather(-1, tokens).squeeze(-1)
     assert (batch.rollout_logp[mask] - raw[mask]).abs().max() > 0.05
 
