@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -289,6 +290,30 @@ def test_finished_runs_are_reused_without_training(tmp_path):
     assert [o.action for o in outcomes] == ["reused"] * 4
     assert (tmp_path / "comparison.json").exists()
     assert json.loads((tmp_path / "comparison.json").read_text())["methods"] == ["grpo", "tepo"]
+
+
+@pytest.mark.parametrize("max_new, reused", [(64, True), (1024, False)])
+def test_a_planned_auto_layout_matches_the_layout_a_run_used(tmp_path, max_new, reused):
+    """train.micro_batch_tokens auto is compared by what it resolves to: a run saved with null (before auto was
+    the default) is the planned run at 64 new tokens; at 1024 auto means a 4096-token budget, another layout."""
+    overrides = ["train.steps=2", f"rollout.max_new_tokens={max_new}"]
+    plan = plan_comparison(tmp_path, ["tepo"], [0], overrides=overrides)
+    (spec,) = plan.runs
+    assert spec.config.train.micro_batch_tokens == "auto"
+    spec.run_dir.mkdir(parents=True)
+    save_config(
+        dataclasses.replace(
+            spec.config, train=dataclasses.replace(spec.config.train, micro_batch_tokens=None)
+        ),
+        spec.run_dir / "config.yaml",
+    )
+    (spec.run_dir / "summary.json").write_text(json.dumps({"after": {"eval_greedy_accuracy": 0.5}}))
+    if reused:
+        outcomes = run_comparison(plan, train_fn=_never, resume_fn=_never, log=lambda *a: None)
+        assert [o.action for o in outcomes] == ["reused"]
+    else:
+        with pytest.raises(ConfigError, match=r"different settings \(train.micro_batch_tokens\)"):
+            run_comparison(plan, train_fn=_never, resume_fn=_never, log=lambda *a: None)
 
 
 def test_interrupted_new_and_mismatched_runs(tmp_path):

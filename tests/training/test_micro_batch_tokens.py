@@ -8,6 +8,7 @@ fixed-row micro-batches in rollout order and with token-budget micro-batches (ro
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -194,3 +195,72 @@ def test_shared_prompt_with_a_token_budget_keeps_the_gradient(model64, batch64):
     shared, _ = _params_after(model64, batch64, tensors, "tepo", {}, micro=FIXED, tokens=BUDGET, share=True)
     torch.testing.assert_close(shared_fixed, plain, rtol=0, atol=1e-6 * step)
     torch.testing.assert_close(shared, plain, rtol=0, atol=1e-6 * step)
+
+
+# ---- train.micro_batch_tokens: auto ------------------------------------------------------------------------------
+
+
+def test_auto_resolves_by_response_length():
+    """auto: fixed rows below AUTO_FROM_NEW_TOKENS new tokens (the default run's 64 included), the sorted
+    AUTO_BUDGET_TOKENS budget from there on; an explicit value or None is kept as given."""
+    from tepo.training.micro_batches import (
+        AUTO_BUDGET_TOKENS,
+        AUTO_FROM_NEW_TOKENS,
+        resolve_micro_batch_tokens,
+    )
+
+    assert (AUTO_FROM_NEW_TOKENS, AUTO_BUDGET_TOKENS) == (
+        1024,
+        4096,
+    )  # the measured choice, docs/performance.md
+    assert resolve_micro_batch_tokens("auto", 64) is None
+    assert resolve_micro_batch_tokens("auto", 1023) is None
+    assert resolve_micro_batch_tokens("auto", 1024) == 4096
+    assert resolve_micro_batch_tokens("auto", 8192) == 4096
+    assert resolve_micro_batch_tokens(None, 8192) is None
+    assert resolve_micro_batch_tokens(2048, 64) == 2048
+
+
+def _step_parts(overrides, run_dir="run"):
+    from tepo.config import load_config
+    from tepo.training.parts import build_step_parts
+    from tepo.training.plan import plan_step
+
+    config = load_config("default", overrides)
+    empty = dict.fromkeys(("model", "ref_model", "optimizer", "scheduler", "rollout", "tokenizer", "stream"))
+    return build_step_parts(
+        config, plan_step(config, backend="hf"), **empty, device=torch.device("cpu"), run_dir=run_dir
+    )
+
+
+def test_the_default_run_keeps_fixed_rows_and_long_responses_get_the_budget():
+    """The default config says auto; at its 64 new tokens the step runs today's fixed rows (its metrics stay
+    bit-identical), at 1024 the log-prob passes and the update get the 4096-token budget."""
+    from tepo.config import load_config
+
+    assert load_config("default", []).train.micro_batch_tokens == "auto"
+    short = _step_parts([]).logprob_settings
+    assert short.micro_batch_tokens is None and short.layout == MicroBatchLayout(16, None)
+    long = _step_parts(["rollout.max_new_tokens=1024"])
+    assert long.logprob_settings.layout == MicroBatchLayout(16, 4096)
+    assert long.update_plan.layout == MicroBatchLayout(16, 4096)
+    assert _step_parts(
+        ["rollout.max_new_tokens=1024", "train.micro_batch_tokens=null"]
+    ).update_plan.layout == (MicroBatchLayout(16, None))
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("fast", "must be an int >= 1, auto or null, got 'fast'"),
+        (0, "must be an int >= 1, auto or null, got 0"),
+        (-5, "must be an int >= 1, auto or null, got -5"),
+        (2.5, "expected int | str | None, got 2.5"),  # refused by type, before the value check
+        (True, "expected int | str | None, got True"),
+    ],
+)
+def test_a_bad_budget_is_one_clear_message(value, message):
+    from tepo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=re.escape(f"train.micro_batch_tokens: {message}")):
+        load_config("default", [f"train.micro_batch_tokens={str(value).lower()}"])

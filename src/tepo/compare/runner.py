@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tepo.config import ConfigError, RunConfig, list_presets, load_config
+from tepo.training.micro_batches import resolve_micro_batch_tokens
 
 PLAN_FILE = "comparison.json"
 # Sections/keys that may differ between the runs of one comparison without making them unfair.
@@ -316,6 +317,12 @@ _PRECISION_KEYS = ("model.autocast_bf16", "rollout.autocast_bf16", "rollout.vllm
 
 def _config_differences(saved: RunConfig, planned: RunConfig) -> list[str]:
     a, b = _flat(saved), _flat(planned)
+    # train.micro_batch_tokens "auto" is a function of rollout.max_new_tokens (tepo.training.micro_batches): compare
+    # the layouts the two configs run with, so a planned auto matches a run saved with the None it resolves to.
+    for flat in (a, b):
+        flat["train.micro_batch_tokens"] = resolve_micro_batch_tokens(
+            flat.get("train.micro_batch_tokens"), flat.get("rollout.max_new_tokens", 0)
+        )
     ignore = {"log.progress"} | {k for k in _PRECISION_KEYS if b.get(k) == "auto"}
     return sorted(k for k in a.keys() | b.keys() if k not in ignore and a.get(k) != b.get(k))
 

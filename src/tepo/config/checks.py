@@ -30,13 +30,13 @@ def validate(config: RunConfig) -> list[str]:
         "train.max_bad_steps": c.train.max_bad_steps,
     }
     errors += [f"{key}: must be >= 1, got {value}" for key, value in positive.items() if value < 1]
-    if c.train.micro_batch_tokens is not None and (
+    if c.train.micro_batch_tokens not in (None, "auto") and (
         isinstance(c.train.micro_batch_tokens, bool)
         or not isinstance(c.train.micro_batch_tokens, int)
         or c.train.micro_batch_tokens < 1
     ):
         errors.append(
-            f"train.micro_batch_tokens: must be an int >= 1 or null, got {c.train.micro_batch_tokens!r}"
+            f"train.micro_batch_tokens: must be an int >= 1, auto or null, got {c.train.micro_batch_tokens!r}"
         )
     errors += config_precision_errors(c.model.autocast_bf16, c.rollout.autocast_bf16, c.rollout.vllm.dtype)
     if c.rollout.temperature <= 0:

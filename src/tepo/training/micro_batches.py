@@ -21,11 +21,28 @@ sums to the same gradient (tests/training/test_micro_batch_tokens.py, float64, e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from tepo.rollout.base import RolloutBatch
+
+# What ``train.micro_batch_tokens: auto`` resolves to (docs/performance.md "Token-budget micro-batches", measured
+# with benchmarks/bench_micro_batches.py on the embedded model): fixed rows below AUTO_FROM_NEW_TOKENS, where they
+# keep model.share_prompt_prefix's one prompt per group and micro-batch and the sorted budget was no faster, and a
+# sorted AUTO_BUDGET_TOKENS budget from there on, where padding is most of a fixed micro-batch.
+AUTO_FROM_NEW_TOKENS = 1024
+AUTO_BUDGET_TOKENS = 4096
+
+
+def resolve_micro_batch_tokens(value: Any, max_new_tokens: int) -> int | None:
+    """``train.micro_batch_tokens`` as a run uses it: an int or None as given; ``"auto"``: a budget of
+    ``AUTO_BUDGET_TOKENS`` when responses may reach ``AUTO_FROM_NEW_TOKENS`` tokens (``rollout.max_new_tokens``),
+    else None (``train.micro_batch_size`` rows in rollout order)."""
+    if value == "auto":
+        return AUTO_BUDGET_TOKENS if max_new_tokens >= AUTO_FROM_NEW_TOKENS else None
+    return value
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from tepo.config import RunConfig, loss_options
 from tepo.data import PromptStream
 from tepo.training.collect import OverlongShaping, SamplerSettings
 from tepo.training.logprob_pass import LogprobSettings
+from tepo.training.micro_batches import resolve_micro_batch_tokens
 from tepo.training.plan import StepPlan
 from tepo.training.schedule import updates_per_step
 from tepo.training.update import UpdatePlan, UpdateSettings
@@ -86,7 +87,7 @@ def build_step_parts(
         autocast_bf16=c.model.autocast_bf16,
         share_prompt_prefix=c.model.share_prompt_prefix,
         train_attention=c.model.train_attention,
-        micro_batch_tokens=c.train.micro_batch_tokens,
+        micro_batch_tokens=resolve_micro_batch_tokens(c.train.micro_batch_tokens, c.rollout.max_new_tokens),
     )
     update_settings = UpdateSettings(
         loss=c.algorithm.loss,
