@@ -93,6 +93,16 @@ def one_window_grpo_config(tmp_path, completion_tokens: int, **settings):
     return GRPOConfig(**base)
 
 
+def config_error_lines(overrides: list[str]) -> list[str]:
+    """The lines of the ``ConfigError`` that ``load_config(None, overrides)`` must raise: a header, then one line a
+    problem (``  - key: message``)."""
+    from tepo.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, overrides)
+    return str(caught.value).splitlines()
+
+
 def load_script(name: str):
     """``scripts/<name>.py`` as a module: the scripts are not a package, their tests call ``main(argv)``."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")

@@ -10,28 +10,15 @@ import math
 import pytest
 import torch
 
-from tepo.config import ConfigError, load_config
+from correction_cases import ADV, D_ROWS, MASK, NAN, OLD, E, loss_on_kept, weights_of
+from helpers import config_error_lines
+from tepo.config import load_config
 from tepo.losses import compute_policy_loss, rollout_correction_weights
 from tepo.losses.rollout_correction import (
     DROPPING_CORRECTIONS,
     MODE_OPTIONS,
     NORMALIZABLE_CORRECTIONS,
 )
-
-L = math.log
-E = math.exp
-NAN = float("nan")
-# Log-ratios d = log pi_old - log pi_sampler on the valid tokens of four rows (the last one empty).
-D_ROWS = [[L(3.0), L(0.4), 0.1, -0.2], [L(1.5), L(2.5)], [0.0005], []]
-WIDTH = 4
-MASK = torch.tensor([[len(row) > t for t in range(WIDTH)] for row in D_ROWS])
-OLD = -torch.rand(4, WIDTH, generator=torch.Generator().manual_seed(0), dtype=torch.float64) - 0.5
-D = torch.tensor([row + [0.0] * (WIDTH - len(row)) for row in D_ROWS], dtype=torch.float64)
-ROLLOUT = torch.where(MASK, OLD - D, torch.full_like(OLD, NAN))  # padding holds NaN: it must not matter
-
-
-def _weights(mode, old=OLD, rollout=ROLLOUT, mask=MASK, **options):
-    return rollout_correction_weights(old, rollout, mask, mode=mode, **options)
 
 
 def _k3(x):
@@ -55,20 +42,20 @@ def test_defaults_and_registration():
 def test_seq_k3_drops_rows_by_their_mean_token_k3():
     k3 = [sum(_k3(x) for x in row) / len(row) for row in D_ROWS[:3]]  # 0.310, 0.339, 1.25e-7
     assert k3[0] < 0.32 < k3[1] and k3[2] < 0.01 < k3[0]
-    weights, keep, metrics = _weights("seq_k3")  # threshold 0.01
+    weights, keep, metrics = weights_of("seq_k3")  # threshold 0.01
     assert torch.equal(keep, _rows_keep([False, False, True, False]))
     torch.testing.assert_close(weights, keep.double(), rtol=0, atol=0)
     assert metrics["is_dropped_frac"] == pytest.approx(6 / 7)
     assert metrics["is_dropped_seq_frac"] == pytest.approx(2 / 3)
-    _, keep, _ = _weights("seq_k3", threshold=0.32)
+    _, keep, _ = weights_of("seq_k3", threshold=0.32)
     assert torch.equal(keep, _rows_keep([True, False, True, False]))
 
 
 def test_seq_k3_boundary_is_inclusive():
     threshold = sum(_k3(x) for x in D_ROWS[1]) / 2
-    _, keep, _ = _weights("seq_k3", threshold=threshold * (1 + 1e-12))
+    _, keep, _ = weights_of("seq_k3", threshold=threshold * (1 + 1e-12))
     assert bool(keep[1, :2].all())
-    _, keep, _ = _weights("seq_k3", threshold=threshold * (1 - 1e-9))
+    _, keep, _ = weights_of("seq_k3", threshold=threshold * (1 - 1e-9))
     assert not bool(keep[1].any())
 
 
@@ -78,9 +65,9 @@ def test_seq_k3_boundary_is_inclusive():
 def test_seq_max_k2_vetoes_a_row_for_one_far_token():
     k2max = [max(x * x / 2 for x in row) for row in D_ROWS[:3]]  # 0.603 (ln 3), 0.420 (ln 2.5), 1.25e-7
     assert k2max[1] < 0.5 < k2max[0]
-    weights, keep, _ = _weights("seq_max_k2")  # threshold 2.5: every row passes
+    weights, keep, _ = weights_of("seq_max_k2")  # threshold 2.5: every row passes
     assert torch.equal(keep, MASK) and torch.equal(weights, MASK.double())
-    weights, keep, metrics = _weights("seq_max_k2", threshold=0.5)
+    weights, keep, metrics = weights_of("seq_max_k2", threshold=0.5)
     assert torch.equal(keep, _rows_keep([False, True, True, False]))
     torch.testing.assert_close(weights, keep.double(), rtol=0, atol=0)
     assert metrics["is_dropped_seq_frac"] == pytest.approx(1 / 3)
@@ -96,11 +83,11 @@ def test_log_ratios_are_clamped_at_verls_safety_bound(spike):
     mask = torch.ones(1, 2, dtype=torch.bool)
     at_bound = math.copysign(20.0, spike)
     k3_mean = _k3(at_bound) / 2
-    _, keep, _ = _weights("seq_k3", old=old, rollout=old - d, mask=mask, threshold=k3_mean * (1 + 1e-9))
+    _, keep, _ = weights_of("seq_k3", old=old, rollout=old - d, mask=mask, threshold=k3_mean * (1 + 1e-9))
     assert bool(keep.all())
-    _, keep, _ = _weights("seq_k3", old=old, rollout=old - d, mask=mask, threshold=k3_mean * (1 - 1e-9))
+    _, keep, _ = weights_of("seq_k3", old=old, rollout=old - d, mask=mask, threshold=k3_mean * (1 - 1e-9))
     assert not bool(keep.any())
-    _, keep, _ = _weights("seq_max_k2", old=old, rollout=old - d, mask=mask, threshold=200.0)  # 20^2/2
+    _, keep, _ = weights_of("seq_max_k2", old=old, rollout=old - d, mask=mask, threshold=200.0)  # 20^2/2
     assert bool(keep.all())
 
 
@@ -108,45 +95,34 @@ def test_log_ratios_are_clamped_at_verls_safety_bound(spike):
 def test_rejected_rows_leave_the_loss_and_its_token_count(mode):
     """pi_theta = pi_old: the grpo term's gradient is -A / T_kept on kept tokens, 0 on the dropped rows."""
     options = {"threshold": 0.32} if mode == "seq_k3" else {"threshold": 0.5}
-    weights, keep, _ = _weights(mode, **options)
+    weights, keep, _ = weights_of(mode, **options)
     assert not bool(keep[0].all()) or not bool(keep[1].all())
-    adv = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
-    logp = OLD.clone().requires_grad_(True)
     t_kept = int(keep.sum())
-    loss, _ = compute_policy_loss(
-        "dapo",
-        logp=logp,
-        old_logp=OLD,
-        advantages=adv,
-        mask=MASK & keep,
-        is_weights=weights,
-        num_tokens=t_kept,
-    )
-    loss.backward()
-    expected = torch.where(keep, -adv.unsqueeze(-1) / t_kept, torch.zeros_like(OLD))
-    torch.testing.assert_close(logp.grad, expected, rtol=1e-12, atol=1e-15)
-    assert loss.item() == pytest.approx(float((-adv.unsqueeze(-1)).expand_as(OLD)[keep].sum()) / t_kept)
+    loss, grad = loss_on_kept("dapo", weights, keep)
+    expected = torch.where(keep, -ADV.unsqueeze(-1) / t_kept, torch.zeros_like(OLD))
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-15)
+    assert loss == pytest.approx(float((-ADV.unsqueeze(-1)).expand_as(OLD)[keep].sum()) / t_kept)
 
 
 # ---- normalize -------------------------------------------------------------------------------------------------
 
 
 def test_tis_normalize_rescales_to_mean_one_over_the_tokens():
-    raw, _, _ = _weights("tis")
-    weights, keep, metrics = _weights("tis", normalize=True)
+    raw, _, _ = weights_of("tis")
+    weights, keep, metrics = weights_of("tis", normalize=True)
     mean = float(raw[MASK].sum()) / 7
     torch.testing.assert_close(weights, raw / mean, rtol=1e-12, atol=0)
     assert float(weights[keep].mean()) == pytest.approx(1.0, rel=1e-12)
     assert metrics["is_batch_norm_factor"] == pytest.approx(mean, rel=1e-12)
     assert metrics["is_weight_mean"] == pytest.approx(1.0, rel=1e-12)
     assert metrics["is_truncated_frac"] == pytest.approx(2 / 7)  # truncation first, then the rescale
-    assert "is_batch_norm_factor" not in _weights("tis")[2]
+    assert "is_batch_norm_factor" not in weights_of("tis")[2]
 
 
 def test_mis_normalize_averages_over_the_kept_tokens():
-    raw, keep, _ = _weights("mis")  # kept: e^0.1, e^-0.2 (row 0), 1.5 (row 1), e^0.0005 (row 2)
+    raw, keep, _ = weights_of("mis")  # kept: e^0.1, e^-0.2 (row 0), 1.5 (row 1), e^0.0005 (row 2)
     kept = [E(0.1), E(-0.2), 1.5, E(0.0005)]
-    weights, keep_n, metrics = _weights("mis", normalize=True)
+    weights, keep_n, metrics = weights_of("mis", normalize=True)
     assert torch.equal(keep_n, keep)
     assert metrics["is_batch_norm_factor"] == pytest.approx(sum(kept) / 4, rel=1e-12)
     torch.testing.assert_close(weights, raw / (sum(kept) / 4), rtol=1e-12, atol=0)
@@ -154,9 +130,9 @@ def test_mis_normalize_averages_over_the_kept_tokens():
 
 
 def test_seq_tis_normalize_averages_one_weight_per_sequence_not_per_token():
-    raw, _, _ = _weights("seq_tis")  # row weights: 3 * 0.4 * e^-0.1 (4 tokens), 2.0 (2), e^0.0005 (1)
+    raw, _, _ = weights_of("seq_tis")  # row weights: 3 * 0.4 * e^-0.1 (4 tokens), 2.0 (2), e^0.0005 (1)
     row = [3.0 * 0.4 * E(0.1) * E(-0.2), 2.0, E(0.0005)]
-    weights, _, metrics = _weights("seq_tis", normalize=True)
+    weights, _, metrics = weights_of("seq_tis", normalize=True)
     mean = sum(row) / 3
     assert metrics["is_batch_norm_factor"] == pytest.approx(mean, rel=1e-12)
     torch.testing.assert_close(weights, raw / mean, rtol=1e-12, atol=0)
@@ -172,8 +148,8 @@ def test_seq_tis_normalize_averages_one_weight_per_sequence_not_per_token():
 def test_normalize_leaves_a_vanishing_mean_alone():
     # Every ratio e^-30: the weights' mean is below 1e-8, so they are returned as they are (verl).
     rollout = torch.where(MASK, OLD + 30.0, torch.full_like(OLD, NAN))
-    raw, _, _ = _weights("tis", rollout=rollout)
-    weights, _, metrics = _weights("tis", rollout=rollout, normalize=True)
+    raw, _, _ = weights_of("tis", rollout=rollout)
+    weights, _, metrics = weights_of("tis", rollout=rollout, normalize=True)
     assert torch.equal(weights, raw) and metrics["is_batch_norm_factor"] == 1.0
 
 
@@ -235,7 +211,7 @@ def test_normalised_weights_from_the_whole_batch_give_micro_batch_invariant_grad
 )
 def test_bad_options_are_refused_with_one_message(mode, options, message):
     with pytest.raises(ValueError, match=message):
-        _weights(mode, **options)
+        weights_of(mode, **options)
 
 
 # ---- config ----------------------------------------------------------------------------------------------------
@@ -278,8 +254,6 @@ def test_config_accepts(overrides):
     ],
 )
 def test_config_refuses_in_one_line(overrides, line):
-    with pytest.raises(ConfigError) as caught:
-        load_config(None, overrides)
-    lines = str(caught.value).splitlines()
+    lines = config_error_lines(overrides)
     assert f"  - {line}" in lines
     assert len(lines) == 2

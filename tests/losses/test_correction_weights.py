@@ -8,23 +8,9 @@ import math
 import pytest
 import torch
 
-from tepo.losses import compute_policy_loss, rollout_correction_weights
+from correction_cases import ADV, MASK, NAN, OLD, ROLLOUT, WIDTH, E, L, loss_on_kept, weights_of
+from tepo.losses import rollout_correction_weights
 from tepo.losses.rollout_correction import MODE_OPTIONS, ROLLOUT_CORRECTIONS
-
-L = math.log
-E = math.exp
-NAN = float("nan")
-# Log-ratios d = log pi_old - log pi_sampler on the valid tokens of four rows (the last one empty).
-D_ROWS = [[L(3.0), L(0.4), 0.1, -0.2], [L(1.5), L(2.5)], [0.0005], []]
-WIDTH = 4
-MASK = torch.tensor([[len(row) > t for t in range(WIDTH)] for row in D_ROWS])
-OLD = -torch.rand(4, WIDTH, generator=torch.Generator().manual_seed(0), dtype=torch.float64) - 0.5
-D = torch.tensor([row + [0.0] * (WIDTH - len(row)) for row in D_ROWS], dtype=torch.float64)
-ROLLOUT = torch.where(MASK, OLD - D, torch.full_like(OLD, NAN))  # padding holds NaN: it must not matter
-
-
-def _weights(mode, **options):
-    return rollout_correction_weights(OLD, ROLLOUT, MASK, mode=mode, **options)
 
 
 def _expected(rows):
@@ -32,13 +18,13 @@ def _expected(rows):
 
 
 def test_none_is_all_ones_on_valid_tokens():
-    weights, keep, metrics = _weights("none")
+    weights, keep, metrics = weights_of("none")
     assert torch.equal(weights, MASK.double()) and torch.equal(keep, MASK)
     assert metrics["is_weight_mean"] == 1.0 and metrics["is_dropped_frac"] == 0.0
 
 
 def test_tis_truncates_each_token_ratio_at_the_cap():
-    weights, keep, metrics = _weights("tis")  # cap 2.0
+    weights, keep, metrics = weights_of("tis")  # cap 2.0
     expected = _expected([[2.0, 0.4, E(0.1), E(-0.2)], [1.5, 2.0], [E(0.0005)], []])
     torch.testing.assert_close(weights, expected, rtol=1e-12, atol=0)
     assert torch.equal(keep, MASK)
@@ -46,12 +32,12 @@ def test_tis_truncates_each_token_ratio_at_the_cap():
     assert metrics["is_weight_mean"] == pytest.approx(float(expected.sum()) / 7, rel=1e-12)
     assert metrics["is_weight_min"] == pytest.approx(0.4) and metrics["is_weight_max"] == pytest.approx(2.0)
     assert metrics["is_dropped_frac"] == 0.0 and metrics["is_dropped_seq_frac"] == 0.0
-    weights, _, _ = _weights("tis", cap=3.5)
+    weights, _, _ = weights_of("tis", cap=3.5)
     assert weights[0, 0].item() == pytest.approx(3.0) and weights[1, 1].item() == pytest.approx(2.5)
 
 
 def test_mis_drops_tokens_outside_the_range_and_keeps_the_ratio_of_the_others():
-    weights, keep, metrics = _weights("mis")  # [0.5, 2.0]
+    weights, keep, metrics = weights_of("mis")  # [0.5, 2.0]
     expected_keep = torch.tensor(
         [[False, False, True, True], [True, False, False, False], [True, False, False, False], [False] * 4]
     )
@@ -62,12 +48,12 @@ def test_mis_drops_tokens_outside_the_range_and_keeps_the_ratio_of_the_others():
     assert metrics["is_dropped_frac"] == pytest.approx(3 / 7)
     assert metrics["is_dropped_seq_frac"] == pytest.approx(2 / 3)  # rows 0 and 1 of the three non-empty rows
     assert metrics["is_truncated_frac"] == 0.0
-    _, keep, _ = _weights("mis", c_low=0.3, c_high=3.5)  # now every ratio is inside
+    _, keep, _ = weights_of("mis", c_low=0.3, c_high=3.5)  # now every ratio is inside
     assert torch.equal(keep, MASK)
 
 
 def test_seq_tis_truncates_the_product_ratio_of_each_row():
-    weights, keep, metrics = _weights("seq_tis")  # cap 2.0 on prod_t rho_t
+    weights, keep, metrics = weights_of("seq_tis")  # cap 2.0 on prod_t rho_t
     row0 = 3.0 * 0.4 * E(0.1) * E(-0.2)  # 1.086 < 2: kept as is
     expected = _expected([[row0] * 4, [2.0, 2.0], [E(0.0005)], []])  # row 1: 1.5 * 2.5 = 3.75, capped
     torch.testing.assert_close(weights, expected, rtol=1e-12, atol=0)
@@ -76,14 +62,14 @@ def test_seq_tis_truncates_the_product_ratio_of_each_row():
 
 
 def test_seq_mask_drops_rows_by_their_geometric_mean_ratio():
-    weights, keep, metrics = _weights("seq_mask")  # [1/1.001, 1/0.999] on exp(mean_t log rho)
+    weights, keep, metrics = weights_of("seq_mask")  # [1/1.001, 1/0.999] on exp(mean_t log rho)
     g = [E((L(1.2) - 0.1) / 4), E(L(3.75) / 2), E(0.0005)]
     assert not 0.999 <= g[0] <= 1.001 and not 0.999 <= g[1] <= 1.001 and 0.999 <= g[2] <= 1.001
     assert torch.equal(keep, MASK & torch.tensor([False, False, True, False]).unsqueeze(-1))
     torch.testing.assert_close(weights, _expected([[0.0] * 4, [0.0, 0.0], [1.0], []]), rtol=0, atol=0)
     assert metrics["is_dropped_frac"] == pytest.approx(6 / 7)
     assert metrics["is_dropped_seq_frac"] == pytest.approx(2 / 3)
-    _, keep, _ = _weights("seq_mask", c_low=0.9, c_high=1.1)  # g_0 = 1.021 now inside, g_1 = 1.94 still out
+    _, keep, _ = weights_of("seq_mask", c_low=0.9, c_high=1.1)  # g_0 = 1.021 now inside, g_1 = 1.94 still out
     assert torch.equal(keep, MASK & torch.tensor([True, False, True, False]).unsqueeze(-1))
 
 
@@ -107,23 +93,11 @@ def test_weights_carry_no_gradient_and_enter_the_loss_as_constants():
     old = OLD.clone().requires_grad_(True)
     weights, keep, _ = rollout_correction_weights(old, ROLLOUT, MASK, mode="mis")
     assert not weights.requires_grad
-    adv = torch.tensor([1.0, -2.0, 0.5, 3.0], dtype=torch.float64)
-    logp = OLD.clone().requires_grad_(True)
-    loss, _ = compute_policy_loss(
-        "grpo",
-        logp=logp,
-        old_logp=OLD,
-        advantages=adv,
-        mask=MASK & keep,
-        is_weights=weights,
-        agg="token-mean",
-        num_tokens=int(keep.sum()),
-    )
-    loss.backward()
+    loss, grad = loss_on_kept("grpo", weights, keep, agg="token-mean")
     t_kept = int(keep.sum())
-    expected = torch.where(keep, -adv.unsqueeze(-1) * weights / t_kept, torch.zeros_like(weights))
-    torch.testing.assert_close(logp.grad, expected, rtol=1e-12, atol=1e-15)
-    assert loss.item() == pytest.approx(float((-adv.unsqueeze(-1) * weights)[keep].sum()) / t_kept, rel=1e-12)
+    expected = torch.where(keep, -ADV.unsqueeze(-1) * weights / t_kept, torch.zeros_like(weights))
+    torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-15)
+    assert loss == pytest.approx(float((-ADV.unsqueeze(-1) * weights)[keep].sum()) / t_kept, rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -142,12 +116,12 @@ def test_weights_carry_no_gradient_and_enter_the_loss_as_constants():
 )
 def test_bad_options_are_rejected(mode, options, message):
     with pytest.raises(ValueError, match=message):
-        _weights(mode, **options)
+        weights_of(mode, **options)
 
 
 def test_bad_mode_and_inputs_are_rejected():
     with pytest.raises(ValueError, match="unknown rollout correction mode 'auto'"):
-        _weights("auto")
+        weights_of("auto")
     with pytest.raises(ValueError, match="one shape"):
         rollout_correction_weights(OLD, ROLLOUT[:, :2], MASK, mode="tis")
     bad = ROLLOUT.clone()
