@@ -1,14 +1,14 @@
 """Fakes for calling the step's sample-and-score phase (``tepo.training.collect``) without a model: a character
-tokenizer, a rollout backend that returns scripted texts, problems whose answer is 3, and sampler settings.
-Used by tests/training/test_training_phases.py and test_gdpo.py."""
+tokenizer, a rollout backend that returns scripted texts, problems whose answer is 3, sampler settings, and
+`collect_scripted`, the phase called with them. Used by tests/training/test_training_phases.py and test_gdpo.py."""
 
 from __future__ import annotations
 
 import torch
 
 from helpers import rollout_batch_of
-from tepo.data import Problem
-from tepo.training.collect import SamplerSettings
+from tepo.data import Problem, PromptStream
+from tepo.training.collect import SamplerSettings, collect_rollouts
 
 
 class CharTokenizer:
@@ -54,3 +54,18 @@ def problems(count: int) -> list[Problem]:
 
 def sampler_settings(g: int) -> SamplerSettings:
     return SamplerSettings(group_size=g, max_new_tokens=4, temperature=1.0, top_p=1.0, instruction="")
+
+
+def problem_stream(count: int, seed: int = 0) -> PromptStream:
+    """A prompt stream of ``problems(count)``, shuffled with ``seed``."""
+    return PromptStream(problems(count), seed=seed)
+
+
+def collect_scripted(
+    rollout: ScriptedRollout, stream: PromptStream, pool, *, prompts: int = 2, seed: int = 0, **options
+):
+    """``collect_rollouts`` of ``prompts`` prompts from ``stream`` with groups of 2, the scripted ``rollout``
+    sampling, the character tokenizer and the reward ``pool``; ``options`` are its other keywords."""
+    return collect_rollouts(
+        rollout, CharTokenizer(), stream, pool, sampler_settings(2), prompts=prompts, seed=seed, **options
+    )

@@ -13,15 +13,10 @@ import time
 import pytest
 import torch
 
-from scripted_collect import CharTokenizer as _CharTokenizer
-from scripted_collect import ScriptedRollout as _ScriptedRollout
-from scripted_collect import problems as _problems
-from scripted_collect import sampler_settings as _settings
+from scripted_collect import ScriptedRollout, collect_scripted, problem_stream
 from tepo.advantages import compute_advantages
 from tepo.config import ConfigError, load_config
-from tepo.data import PromptStream
 from tepo.rewards import MathRewardPool, format_reward, parse_reward_functions, reward_columns
-from tepo.training.collect import collect_rollouts
 
 F64 = torch.float64
 
@@ -236,14 +231,10 @@ def test_collect_scores_each_function_and_sums_them_with_weights(pool):
     # Gold 3. Round 0: group 0 (right boxed, wrong bare) kept, group 1 (both wrong) dropped by correctness though
     # its format rewards differ; round 1: group 0 (right bare, wrong boxed) kept, then the batch is full (2 groups).
     rounds = [[r"\boxed{3}", "4", r"\boxed{4}", "4"], ["3", r"\boxed{4}", r"\boxed{3}", r"\boxed{3}"]]
-    got = collect_rollouts(
-        _ScriptedRollout(rounds),
-        _CharTokenizer(),
-        PromptStream(_problems(4), seed=0),
+    got = collect_scripted(
+        ScriptedRollout(rounds),
+        problem_stream(4),
         pool,
-        _settings(2),
-        prompts=2,
-        seed=0,
         dynamic_sampling=True,
         max_resample_rounds=1,
         reward_functions=[("correctness", 1.0), ("format", 0.5)],
@@ -256,14 +247,6 @@ def test_collect_scores_each_function_and_sums_them_with_weights(pool):
 
 
 def test_default_functions_leave_the_rewards_as_correctness(pool):
-    got = collect_rollouts(
-        _ScriptedRollout([[r"\boxed{3}", "4", "3", "x"]]),
-        _CharTokenizer(),
-        PromptStream(_problems(2), seed=0),
-        pool,
-        _settings(2),
-        prompts=2,
-        seed=0,
-    )
+    got = collect_scripted(ScriptedRollout([[r"\boxed{3}", "4", "3", "x"]]), problem_stream(2), pool)
     assert got.rewards.tolist() == [1.0, 0.0, 1.0, 0.0] and got.reward_components.shape == (4, 1)
     assert got.metrics["reward/correctness_mean"] == 0.5

@@ -7,15 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scripted_collect import CharTokenizer as _CharTokenizer
-from scripted_collect import ScriptedRollout as _ScriptedRollout
-from scripted_collect import problems as _problems
-from scripted_collect import sampler_settings as _settings
+from scripted_collect import ScriptedRollout, collect_scripted, problem_stream
 from tepo.batch import concat_rollouts, select_rollout_rows, trim_columns
-from tepo.data import PromptStream
 from tepo.rewards import MathRewardPool
 from tepo.rollout.base import RolloutBatch
-from tepo.training.collect import OverlongShaping, collect_rollouts
+from tepo.training.collect import OverlongShaping
 from tepo.training.update import minibatch_rows
 
 # --------------------------------------------------------------------------------------------------------------
@@ -68,23 +64,12 @@ def pool():
 
 
 def test_dynamic_sampling_drops_equal_groups_refills_and_cuts_to_the_batch_size(pool):
-    problems = _problems(10)
     # Round 0: group 0 all right (dropped), group 1 mixed (kept). Round 1: both mixed (kept) -> 3 groups, cut to 2.
     script = [[RIGHT, RIGHT, RIGHT, WRONG], [WRONG, RIGHT, RIGHT, WRONG]]
-    rollout = _ScriptedRollout(script)
-    stream = PromptStream(problems, seed=5)
-    expected_order = PromptStream(problems, seed=5).take(4)
-    got = collect_rollouts(
-        rollout,
-        _CharTokenizer(),
-        stream,
-        pool,
-        _settings(2),
-        prompts=2,
-        seed=100,
-        dynamic_sampling=True,
-        max_resample_rounds=3,
-    )
+    rollout = ScriptedRollout(script)
+    stream = problem_stream(10, seed=5)
+    expected_order = problem_stream(10, seed=5).take(4)
+    got = collect_scripted(rollout, stream, pool, seed=100, dynamic_sampling=True, max_resample_rounds=3)
     assert rollout.seeds == [100, 101], (
         "round r samples with seed + r, and sampling stops once the batch is full"
     )
@@ -103,27 +88,17 @@ def test_dynamic_sampling_drops_equal_groups_refills_and_cuts_to_the_batch_size(
 
 
 def test_dynamic_sampling_that_keeps_nothing_returns_no_batch(pool):
-    rollout = _ScriptedRollout([[RIGHT, RIGHT], [WRONG, WRONG]])
-    got = collect_rollouts(
-        rollout,
-        _CharTokenizer(),
-        PromptStream(_problems(3), seed=0),
-        pool,
-        _settings(2),
-        prompts=1,
-        seed=0,
-        dynamic_sampling=True,
-        max_resample_rounds=1,
+    rollout = ScriptedRollout([[RIGHT, RIGHT], [WRONG, WRONG]])
+    got = collect_scripted(
+        rollout, problem_stream(3), pool, prompts=1, dynamic_sampling=True, max_resample_rounds=1
     )
     assert got.batch is None and got.rewards is None
     assert got.metrics["groups_dropped"] == 2 and got.metrics["rounds"] == 2
 
 
 def test_without_dynamic_sampling_one_round_is_taken_as_is(pool):
-    rollout = _ScriptedRollout([[RIGHT, RIGHT, WRONG, "no answer here"]])
-    got = collect_rollouts(
-        rollout, _CharTokenizer(), PromptStream(_problems(4), seed=0), pool, _settings(2), prompts=2, seed=9
-    )
+    rollout = ScriptedRollout([[RIGHT, RIGHT, WRONG, "no answer here"]])
+    got = collect_scripted(rollout, problem_stream(4), pool, seed=9)
     assert got.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
     assert got.statuses[3] == "no_answer" and got.metrics["no_answer"] == 1
     assert "groups_total" not in got.metrics or got.metrics["groups_total"] == 0
@@ -205,18 +180,9 @@ def test_select_rows_and_trim_columns():
 def test_overlong_shaping_adds_the_length_penalty_but_groups_are_filtered_on_correctness(pool):
     # Response lengths of the scripted rollout: 1, 2, 3, 1 tokens. Limit 3, buffer 2: penalties 0, -0.5, -1, 0.
     # Group 0 is all wrong (its shaped rewards differ by length, yet it is dropped); group 1 is mixed.
-    rollout = _ScriptedRollout([[WRONG, WRONG, RIGHT, WRONG]])
-    got = collect_rollouts(
-        rollout,
-        _CharTokenizer(),
-        PromptStream(_problems(2), seed=0),
-        pool,
-        _settings(2),
-        prompts=2,
-        seed=0,
-        dynamic_sampling=True,
-        overlong=OverlongShaping(max_len=3, buffer_len=2, penalty_factor=1.0),
-    )
+    rollout = ScriptedRollout([[WRONG, WRONG, RIGHT, WRONG]])
+    overlong = OverlongShaping(max_len=3, buffer_len=2, penalty_factor=1.0)
+    got = collect_scripted(rollout, problem_stream(2), pool, dynamic_sampling=True, overlong=overlong)
     assert got.rewards.tolist() == [0.0, 0.0]  # group 1 only: 1 - 1 (3 tokens) and 0 + 0 (1 token)
     assert got.batch.texts == [RIGHT, WRONG]
     assert got.metrics["groups_dropped"] == 1
