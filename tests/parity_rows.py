@@ -24,12 +24,8 @@ HEADERS = (
 
 _TRL_KL = "tests/integrations/test_parity_trl_estimators.py"
 _TRL_CFG = "tests/integrations/test_integration_trl_config.py"
-_VERL = (
-    "tests/integrations/test_integration_verl_estimators.py::test_verl_estimators_rejections_and_normalisation_equal_ours"
-)
-_VERL26 = (
-    "tests/integrations/test_integration_verl_objectives.py::test_verl_2026_losses_equal_ours_or_differ_as_documented"
-)
+_VERL = "tests/integrations/test_integration_verl_estimators.py::test_verl_estimators_rejections_and_normalisation_equal_ours"
+_VERL26 = "tests/integrations/test_integration_verl_objectives.py::test_verl_2026_losses_equal_ours_or_differ_as_documented"
 _MORE = "tests/integrations/test_integration_verl_parity_more.py"
 _T39 = "tests/integrations/test_integration_verl_framework_estimators.py::test_verl_estimators_and_losses_of_issue_39_equal_ours"
 
@@ -103,7 +99,10 @@ ROWS: list[dict] = [
         "tepo": "`advantage: opo`: the same over contiguous groups, `L_j = sum_t mask`",
         "agree": "the G responses of a prompt in contiguous rows (tepo's batch layout), G >= 2",
         "differences": "G = 1: verl A = R, tepo 0; a group of empty responses: verl NaN, tepo the plain mean",
-        "tests": [_VERL, "tests/advantages/test_advantages_group_baselines.py::test_opo_zero_groups_and_empty_responses"],
+        "tests": [
+            _VERL,
+            "tests/advantages/test_advantages_group_baselines.py::test_opo_zero_groups_and_empty_responses",
+        ],
     },
     {
         "name": "`seq_k3` (rollout rejection)",
@@ -488,7 +487,10 @@ ROWS: list[dict] = [
         "tepo": "`advantage: grpo_passk` (option `norm_by_std`), `gpg` (option `f_norm`)",
         "agree": "`norm_by_std` = `norm_adv_by_std_in_grpo`; contiguous groups",
         "differences": "gpg: verl's `alpha` is float32 (relative 1.5e-8), tepo's float64",
-        "tests": [_T39, "tests/advantages/test_advantages_frameworks.py::test_grpo_passk_only_the_best_learns"],
+        "tests": [
+            _T39,
+            "tests/advantages/test_advantages_frameworks.py::test_grpo_passk_only_the_best_learns",
+        ],
     },
     {
         "name": "`optimal_token_baseline`, `tir_optimal_token_baseline` (advantage)",
@@ -497,11 +499,14 @@ ROWS: list[dict] = [
         "tepo": "the same names; `sum_pi_squared` from the trainer's pre-update pass",
         "agree": "`rollout_is_weights=None`; `handle_zero_tail` the same",
         "differences": "verl scales `W` by squared rollout IS weights when given; tepo passes none",
-        "tests": [_T39, "tests/advantages/test_advantages_frameworks.py::test_optimal_token_baseline_by_hand"],
+        "tests": [
+            _T39,
+            "tests/advantages/test_advantages_frameworks.py::test_optimal_token_baseline_by_hand",
+        ],
     },
     {
         "name": "`gdpo` (advantage)",
-        "trl": "`multi_objective_aggregation=\"normalize_then_sum\"`: `(r_k - mean_g) / (std_g + 1e-4)`, `sum_k w_k`, then `(x - mean) / (std + 1e-4)` over responses (inline in `_generate_and_score_completions`: no callable piece)",
+        "trl": '`multi_objective_aggregation="normalize_then_sum"`: `(r_k - mean_g) / (std_g + 1e-4)`, `sum_k w_k`, then `(x - mean) / (std + 1e-4)` over responses (inline in `_generate_and_score_completions`: no callable piece)',
         "verl": "`adv_estimator: gdpo` (`gdpo_reward_keys`, `gdpo_reward_weights`): GRPO per reward, `sum_k w_k`, `masked_whiten` over the batch's tokens",
         "tepo": "`advantage: gdpo` over `reward.functions` (`[N, K]` columns, their weights); options `eps`, `norm_by_std`, `batch_norm` (`token` verl, `sequence` TRL/paper, `none`)",
         "agree": "verl: defaults (float64 one-reward path 1e-12; two-reward path at float32); TRL: `eps=1e-4, batch_norm=sequence` (its formula by value)",
@@ -528,7 +533,10 @@ ROWS: list[dict] = [
         "tepo": "`loss: gpg`, `loss: dro` (option `beta`)",
         "agree": "token-mean, `beta` = `dro_beta`, the global token count",
         "differences": "dro: verl has no default `dro_beta`; tepo's default 0.1 is ours",
-        "tests": [_T39, "tests/losses/test_losses_objectives.py::test_gpg_and_dro_value_and_gradient_by_hand"],
+        "tests": [
+            _T39,
+            "tests/losses/test_losses_objectives.py::test_gpg_and_dro_value_and_gradient_by_hand",
+        ],
     },
     {
         "name": "`bypass_mode` (policy loss)",

@@ -108,7 +108,9 @@ def response_logprobs(
     size = chunk_size or default_chunk_size(vocab or 32_000, rows_hidden.device)
     logp_rows, entropy_rows, pi2_rows = [], [], []
     if compute_sum_pi_squared and torch.is_grad_enabled():
-        raise ValueError("compute_sum_pi_squared is for no-grad passes only (wrap the call in torch.no_grad())")
+        raise ValueError(
+            "compute_sum_pi_squared is for no-grad passes only (wrap the call in torch.no_grad())"
+        )
     # Recompute-in-backward is only needed when a graph is being built through the chunk.
     use_checkpoint = torch.is_grad_enabled() and (
         rows_hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
@@ -185,7 +187,9 @@ def _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len: int, prom
     # Each group's first row, as the smallest row index holding its id: one scatter instead of a nonzero() (a
     # GPU sync) per group.
     row_ids = torch.arange(len(prompt_groups), device=prompt_groups.device)
-    first_rows = torch.full_like(groups, len(prompt_groups)).scatter_reduce(0, inverse, row_ids, reduce="amin")
+    first_rows = torch.full_like(groups, len(prompt_groups)).scatter_reduce(
+        0, inverse, row_ids, reduce="amin"
+    )
     prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
     if not (
         torch.equal(prompt_ids, prompt_ids[first_rows][inverse])

@@ -23,7 +23,9 @@ def test_cpu_keeps_the_kv_budget_and_eager_mode():
     args = _parsed(options)
     assert args.enforce_eager == 1 and args.kv_cache_bytes == 2**28
     # None: vLLM sizes it; eager either way
-    assert engine_memory_options("cpu", kv_cache_gb=None, gpu_memory_utilization=0.3) == {"--enforce-eager": 1}
+    assert engine_memory_options("cpu", kv_cache_gb=None, gpu_memory_utilization=0.3) == {
+        "--enforce-eager": 1
+    }
 
 
 def test_cuda_sizes_the_cache_from_the_utilization_and_keeps_cuda_graphs():

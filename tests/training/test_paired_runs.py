@@ -16,24 +16,36 @@ def _run(directory: Path, method: str, rows: list[dict], held_out: float) -> Non
     run = directory / method / "seed0"
     run.mkdir(parents=True)
     lines = [json.dumps({"gen_tokens": 100, "no_answer": 0, **row}) for row in rows]
-    lines.insert(1, json.dumps({"step": 1, "eval_greedy_accuracy": 0.1}))  # an eval row: no reward_mean, ignored
+    lines.insert(
+        1, json.dumps({"step": 1, "eval_greedy_accuracy": 0.1})
+    )  # an eval row: no reward_mean, ignored
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     (run / "summary.json").write_text(json.dumps({"after": {"eval_greedy_accuracy": held_out}}))
 
 
 def test_parting_step_and_scale_deviation(tmp_path, capsys):
     common = {"reward_mean": 0.25}
-    _run(tmp_path, "tepo", [
-        {"step": 1, "response_length_mean": 40.0, "grad_norm": 0.0, **common},
-        {"step": 2, "response_length_mean": 50.0, "grad_norm": 2.0, **common},
-        {"step": 3, "response_length_mean": 30.0, "grad_norm": 1.0, **common},
-    ], held_out=0.5)
-    _run(tmp_path, "luspo", [
-        {"step": 1, "response_length_mean": 40.0, "grad_norm": 0.0, **common},
-        # 101 / (2 * 50) - 1 = 0.01: the deviation the table reports
-        {"step": 2, "response_length_mean": 50.0, "grad_norm": 101.0, **common},
-        {"step": 3, "response_length_mean": 31.0, "grad_norm": 7.0, **common},  # parted: not compared
-    ], held_out=0.25)
+    _run(
+        tmp_path,
+        "tepo",
+        [
+            {"step": 1, "response_length_mean": 40.0, "grad_norm": 0.0, **common},
+            {"step": 2, "response_length_mean": 50.0, "grad_norm": 2.0, **common},
+            {"step": 3, "response_length_mean": 30.0, "grad_norm": 1.0, **common},
+        ],
+        held_out=0.5,
+    )
+    _run(
+        tmp_path,
+        "luspo",
+        [
+            {"step": 1, "response_length_mean": 40.0, "grad_norm": 0.0, **common},
+            # 101 / (2 * 50) - 1 = 0.01: the deviation the table reports
+            {"step": 2, "response_length_mean": 50.0, "grad_norm": 101.0, **common},
+            {"step": 3, "response_length_mean": 31.0, "grad_norm": 7.0, **common},  # parted: not compared
+        ],
+        held_out=0.25,
+    )
     assert _script().main([str(tmp_path), "tepo", "luspo", "--scale", "response_length_mean"]) == 0
     row = capsys.readouterr().out.splitlines()[2]
     assert row == "| 0 | 2 | 3 | 1 | 0.01 | 0.500 | 0.250 | -0.250 |"

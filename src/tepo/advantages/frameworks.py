@@ -262,14 +262,22 @@ def tir_optimal_token_baseline_advantages(
     baselines = torch.zeros_like(packed_ret)
     for start in range(0, rewards.shape[0], group_size):
         rows = torch.tensor(
-            [r for r in range(start, start + group_size) if lengths[r] > 0], dtype=torch.long, device=rewards.device
+            [r for r in range(start, start + group_size) if lengths[r] > 0],
+            dtype=torch.long,
+            device=rewards.device,
         )
         if len(rows) < 2:
             continue
         # Packed rows have no gaps (zeros past each length, as verl's packed buffer): the single-turn baseline of
         # the packed group, with its zero tail.
         baselines[rows] = _otb_baselines(
-            packed_ret[rows], packed_w[rows], packed_mask[rows].to(returns.dtype), lengths, rows, handle_zero_tail, eps
+            packed_ret[rows],
+            packed_w[rows],
+            packed_mask[rows].to(returns.dtype),
+            lengths,
+            rows,
+            handle_zero_tail,
+            eps,
         )
     adv = torch.zeros_like(returns)
     adv[m] = (packed_ret - baselines)[packed_mask]

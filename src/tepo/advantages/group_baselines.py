@@ -53,7 +53,9 @@ def grpo_batch_std_advantages(
     return torch.where(zero_variance(groups), 0.0, adv).flatten()
 
 
-@register_advantage_estimator("maxrl", group_relative=True, nonnegative_rewards=True, paper="MaxRL 2602.02710")
+@register_advantage_estimator(
+    "maxrl", group_relative=True, nonnegative_rewards=True, paper="MaxRL 2602.02710"
+)
 def maxrl_advantages(rewards: Tensor, group_size: int, *, eps: float = 1e-6) -> Tensor:
     r"""Maximum Likelihood RL advantage (Tajwar et al. 2602.02710): the group baseline divided by the mean.
 

@@ -195,7 +195,9 @@ def get_advantage_estimator(name: str) -> AdvantageEstimator:
         from tepo.advantages.frameworks import REFUSED_ESTIMATORS
 
         if isinstance(name, str) and name in REFUSED_ESTIMATORS:
-            raise ValueError(f"advantage estimator {name!r} is not offered: {REFUSED_ESTIMATORS[name]}") from None
+            raise ValueError(
+                f"advantage estimator {name!r} is not offered: {REFUSED_ESTIMATORS[name]}"
+            ) from None
         raise ValueError(
             f"unknown advantage estimator {name!r}; valid names: {', '.join(sorted(ADVANTAGE_ESTIMATORS))}"
         ) from None

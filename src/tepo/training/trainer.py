@@ -117,7 +117,9 @@ class Trainer:
         self._setup_optimizer()
         self.parts = self._setup_step_parts()
         if (budget := self.parts.logprob_settings.micro_batch_tokens) is not None:
-            log(f"micro-batches: rows sorted by length, at most {budget} computed tokens each (train.micro_batch_tokens)")
+            log(
+                f"micro-batches: rows sorted by length, at most {budget} computed tokens each (train.micro_batch_tokens)"
+            )
 
         self.step = 0
         self.bad_steps_in_row = 0
