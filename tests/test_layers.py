@@ -16,7 +16,7 @@ Imports are read with ``ast`` from every file, including the ones inside functio
 
 The tests are held to one rule of the same kind: no file under tests/ imports a test module; what tests share
 lives in conftest.py (fixtures) and in the builder modules beside it (helpers.py, verl_runner.py, trl_runner.py,
-loss_cases.py, update_runs.py, scripted_collect.py).
+loss_cases.py, correction_cases.py, update_runs.py, scripted_collect.py, verl_batch.py).
 """
 
 from __future__ import annotations

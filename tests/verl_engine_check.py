@@ -45,6 +45,7 @@ from verl.workers.utils.padding import left_right_2_no_padding
 
 from tepo.integrations.verl import OLD_ENTROPY_KEY, tepo_ppo_loss
 from tepo.losses import compute_policy_loss
+from verl_batch import padded_batch
 from verl_cpu_platform import HYDRA_OVERRIDES
 
 MODEL, OUT = sys.argv[1], pathlib.Path(sys.argv[2])
@@ -141,16 +142,9 @@ V = ref.config.vocab_size if ref is not None else 0
 V = torch.tensor([V])
 dist.broadcast(V, 0)
 V = int(V)
-prompts = torch.zeros(B, P, dtype=torch.long)
-responses = torch.zeros(B, R, dtype=torch.long)
-attn = torch.zeros(B, P + R, dtype=torch.long)
-for i in range(B):
-    prompts[i, P - prompt_lens[i] :] = torch.randint(1, V, (prompt_lens[i],), generator=gen)
-    responses[i, : resp_lens[i]] = torch.randint(1, V, (resp_lens[i],), generator=gen)
-    attn[i, P - prompt_lens[i] : P + resp_lens[i]] = 1
-input_ids = torch.cat([prompts, responses], 1)
-position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-response_mask = attn[:, P:].clone()
+prompts, responses, attn, input_ids, position_ids, response_mask = padded_batch(
+    prompt_lens, resp_lens, P, R, V, gen
+)
 reject_mask = response_mask.clone()
 reject_mask[5] = 0  # a rejected row (verl's rejection modes AND it into response_mask): rank 1's longest
 adv = torch.tensor([1.0, -0.5, 0.7, 0.3, -1.2, 0.9, -0.4, 0.6]).unsqueeze(-1).expand(B, R) * response_mask

@@ -29,7 +29,7 @@ import textwrap
 
 import pytest
 
-from verl_runner import run_verl_script
+from verl_runner import ROOT, run_verl_script, verl_env
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +51,7 @@ ACTOR_SCRIPT = textwrap.dedent(
     from verl.workers.utils.padding import left_right_2_no_padding, response_to_nested
     from tepo.integrations.verl import OLD_ENTROPY_KEY, tepo_ppo_loss
     from tepo.losses import compute_policy_loss
+    from verl_batch import padded_batch  # tests/ is on PYTHONPATH
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
@@ -63,15 +64,8 @@ ACTOR_SCRIPT = textwrap.dedent(
     prompt_lens, resp_lens = [5, 3, 4, 2], [6, 4, 1, 5]
     gen = torch.Generator().manual_seed(1)
     V = model.config.vocab_size
-    prompts = torch.zeros(B, P, dtype=torch.long); responses = torch.zeros(B, R, dtype=torch.long)
-    attn = torch.zeros(B, P + R, dtype=torch.long)
-    for i in range(B):
-        prompts[i, P - prompt_lens[i]:] = torch.randint(1, V, (prompt_lens[i],), generator=gen)
-        responses[i, :resp_lens[i]] = torch.randint(1, V, (resp_lens[i],), generator=gen)
-        attn[i, P - prompt_lens[i]:P + resp_lens[i]] = 1
-    input_ids = torch.cat([prompts, responses], 1)
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    response_mask = attn[:, P:].clone()
+    prompts, responses, attn, input_ids, position_ids, response_mask = padded_batch(
+        prompt_lens, resp_lens, P, R, V, gen)
 
     def forward():
         # The actor's forward as verl's engine returns it: nested (no-padding) per-token log-probs/entropies.
@@ -253,6 +247,7 @@ def test_verl_actor_loss_path_on_a_real_forward(verl_python, embedded_model_dir,
         _free_port(),
         name="actor_check.py",
         timeout=1200,
+        env=verl_env(PYTHONPATH=str(ROOT / "tests")),  # for tests/verl_batch.py
     )
     assert report["is_weights"]["micro_batches"] == 2
     assert report["tepo_v2"]["micro_batches"] == 2 and report["tepo_v2"]["v1_layout"]
