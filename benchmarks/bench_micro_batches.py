@@ -1,6 +1,6 @@
 """The update phase alone, fixed-row against token-budget micro-batches (issue #38), on the embedded model.
 
-    .venv/bin/python benchmarks/bench_micro_batches.py --rows 16 --max-new 256 --budgets none,4096 --rounds 2
+    .venv/bin/python benchmarks/bench_micro_batches.py --rows 64 --max-new 1024 --budgets none,4096 --rounds 2 --threads 1
 
 One synthetic batch per run (seeded): prompt lengths uniform in [80, 160] (GSM8K prompts with the chat template),
 response lengths exponential with mean ``--mean-len`` capped at ``--max-new`` (the capped rows are the truncated

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
@@ -104,6 +105,11 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-new", type=int, default=1024)
     parser.add_argument("--mean-len", type=float, default=400.0)
+    parser.add_argument(
+        "--cases",
+        default="rollout,4096,8192",
+        help="comma list of micro-batches: rollout (16 rows in rollout order), 4096, 8192 (a sorted budget's first)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -120,20 +126,22 @@ def main(argv=None) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     vocab = len(tokenizer)
-    shapes = micro_batches(args.max_new, args.mean_len)
+    names = {"rollout": "16 rows, rollout order", "4096": "budget 4096, first", "8192": "budget 8192, first"}
+    every = micro_batches(args.max_new, args.mean_len)
+    shapes = {names[c.strip()]: every[names[c.strip()]] for c in args.cases.split(",")}
     small = ([120, 95, 140], [30, 7, 18])
     hidden_gap, grad_gap = check_exact(model, *small, vocab)
     print(
         f"exactness (float32, eager, 3 rows): max |hidden| gap {hidden_gap:.2e}, max relative grad gap {grad_gap:.2e}"
     )
-    model.config._attn_implementation = (
-        "sdpa"  # what tepo trains with on the CPU (model.train_attention auto)
-    )
+    # sdpa on both sides: what model.train_attention=auto picks past 512 columns, as a packed row is.
+    model.config._attn_implementation = "sdpa"
     print(f"machine: {machine_precision()}; threads {args.threads}; load {os.getloadavg()[0]:.1f}")
     print(
-        "| micro-batch | rows | real tokens | padded tokens | padding share | padded s | packed s | packed / padded |"
+        "| micro-batch | rows | real tokens | padded tokens | padding share | padded s | packed s | packed / padded "
+        "| peak RSS MiB so far |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, (prompt, response) in shapes.items():
         gen = torch.Generator().manual_seed(0)
         ids, att = padded_inputs(prompt, response, vocab, gen)
@@ -151,7 +159,7 @@ def main(argv=None) -> None:
         real = int(att.sum())
         print(
             f"| {name} | {len(prompt)} | {real} | {att.numel()} | {1 - real / att.numel():.3f} | {pad_s:.2f} "
-            f"| {pack_s:.2f} | {pack_s / pad_s:.2f} |",
+            f"| {pack_s:.2f} | {pack_s / pad_s:.2f} | {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} |",
             flush=True,
         )
 

@@ -20,7 +20,7 @@ OTHER_RENAMES = {
     "of hashes), renamed, then its parent folder fsynced with tepo.files.fsync_folder",
     "models.py": "the converted model's cache folder: built under a temporary name and renamed under a lock",
     "compare/runner.py": "moves an interrupted run's partial metrics log aside (a rename, no content written)",
-    "rollout/vllm.py": "the weight-sync file is rewritten every step and never read after a crash: the rename keeps "
+    "rollout/weight_sync.py": "the weight-sync file is rewritten every step and never read after a crash: the rename keeps "
     "the engine from reading half a file, an fsync of 0.3-3 GB per step would buy nothing",
 }
 
@@ -72,7 +72,7 @@ def test_the_package_renames_files_only_through_the_helper():
 
 def test_compare_table_is_written_atomically(tmp_path, monkeypatch):
     """write_table goes through the helper (a killed `tepo compare` keeps the old table)."""
-    import tepo.compare.table as table_module
+    import tepo.compare.render as table_module  # write_table's home since compare/table.py was split
 
     written = []
     monkeypatch.setattr(table_module, "atomic_write_text", lambda path, text: written.append(Path(path).name))

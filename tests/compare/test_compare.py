@@ -292,10 +292,10 @@ def test_finished_runs_are_reused_without_training(tmp_path):
     assert json.loads((tmp_path / "comparison.json").read_text())["methods"] == ["grpo", "tepo"]
 
 
-@pytest.mark.parametrize("max_new, reused", [(64, True), (1024, False)])
+@pytest.mark.parametrize("max_new, reused", [(64, True), (256, True), (512, False)])
 def test_a_planned_auto_layout_matches_the_layout_a_run_used(tmp_path, max_new, reused):
     """train.micro_batch_tokens auto is compared by what it resolves to: a run saved with null (before auto was
-    the default) is the planned run at 64 new tokens; at 1024 auto means a 4096-token budget, another layout."""
+    the default) is the planned run at 64 new tokens; from 512 on auto means a 4096-token budget, another layout."""
     overrides = ["train.steps=2", f"rollout.max_new_tokens={max_new}"]
     plan = plan_comparison(tmp_path, ["tepo"], [0], overrides=overrides)
     (spec,) = plan.runs

@@ -209,13 +209,12 @@ def test_auto_resolves_by_response_length():
         resolve_micro_batch_tokens,
     )
 
-    assert (AUTO_FROM_NEW_TOKENS, AUTO_BUDGET_TOKENS) == (
-        1024,
-        4096,
-    )  # the measured choice, docs/performance.md
+    # The measured choice (docs/performance.md).
+    assert (AUTO_FROM_NEW_TOKENS, AUTO_BUDGET_TOKENS) == (512, 4096)
     assert resolve_micro_batch_tokens("auto", 64) is None
-    assert resolve_micro_batch_tokens("auto", 1023) is None
-    assert resolve_micro_batch_tokens("auto", 1024) == 4096
+    assert resolve_micro_batch_tokens("auto", 256) is None
+    assert resolve_micro_batch_tokens("auto", 511) is None
+    assert resolve_micro_batch_tokens("auto", 512) == 4096
     assert resolve_micro_batch_tokens("auto", 8192) == 4096
     assert resolve_micro_batch_tokens(None, 8192) is None
     assert resolve_micro_batch_tokens(2048, 64) == 2048
@@ -235,18 +234,17 @@ def _step_parts(overrides, run_dir="run"):
 
 def test_the_default_run_keeps_fixed_rows_and_long_responses_get_the_budget():
     """The default config says auto; at its 64 new tokens the step runs today's fixed rows (its metrics stay
-    bit-identical), at 1024 the log-prob passes and the update get the 4096-token budget."""
+    bit-identical), at 512 the log-prob passes and the update get the 4096-token budget."""
     from tepo.config import load_config
 
     assert load_config("default", []).train.micro_batch_tokens == "auto"
     short = _step_parts([]).logprob_settings
     assert short.micro_batch_tokens is None and short.layout == MicroBatchLayout(16, None)
-    long = _step_parts(["rollout.max_new_tokens=1024"])
+    long = _step_parts(["rollout.max_new_tokens=512"])
     assert long.logprob_settings.layout == MicroBatchLayout(16, 4096)
     assert long.update_plan.layout == MicroBatchLayout(16, 4096)
-    assert _step_parts(
-        ["rollout.max_new_tokens=1024", "train.micro_batch_tokens=null"]
-    ).update_plan.layout == (MicroBatchLayout(16, None))
+    forced = _step_parts(["rollout.max_new_tokens=1024", "train.micro_batch_tokens=null"])
+    assert forced.update_plan.layout == MicroBatchLayout(16, None)
 
 
 @pytest.mark.parametrize(

@@ -187,8 +187,8 @@ class TrainConfig:
     # A budget of computed tokens per micro-batch instead (rows x their longest prompt + response; rows sorted by
     # length so like lengths run together: tepo.training.micro_batches), for the update and the no-grad log-prob
     # passes alike. None: micro_batch_size rows in rollout order. The same gradient either way. auto: a 4096-token
-    # budget from rollout.max_new_tokens 1024 on (2.5x the update's speed there), else None (measured no faster at
-    # 64-256 new tokens, where fixed rows keep model.share_prompt_prefix's savings; docs/performance.md).
+    # budget from rollout.max_new_tokens 512 on (the update 1.27x faster at 512, 2.5x at 1024, less memory), else
+    # None (at 64-256 new tokens fixed rows keep model.share_prompt_prefix's savings; docs/performance.md).
     micro_batch_tokens: int | str | None = "auto"
     seed: int = 0
     output_dir: str = "runs"
