@@ -117,13 +117,14 @@ def main(argv=None) -> None:
 
     from tepo.models import load_model_and_tokenizer
     from tepo.precision import native_bf16
+    from tepo.training.trainer import _enable_activation_checkpointing as enable_activation_checkpointing
 
     autocast = native_bf16("cpu").native
     model, tokenizer = load_model_and_tokenizer(None)
     model.config._attn_implementation = "eager"
     # As a default run trains: activation checkpointing (model.gradient_checkpointing), so a packed micro-batch's
     # [L, L] attention is held for one layer at a time.
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(model)
     model.train()
     vocab = len(tokenizer)
     names = {"rollout": "16 rows, rollout order", "4096": "budget 4096, first", "8192": "budget 8192, first"}
