@@ -488,6 +488,23 @@ ROWS: list[dict] = [
         ],
     },
     {
+        "name": "`ep_grpo` (advantage)",
+        "trl": _TRL_TOKEN_LEVEL,
+        "verl": "none",
+        "tepo": "`advantage: ep_grpo` (our reading of EP-GRPO 2605.04960, fixed in ALGORITHMS.md): "
+        "docs/algorithms.md#ep_grpo; " + _TEPO_TOKEN_LEVEL,
+        "agree": "no framework ships it (the authors' code is not public): closed-form tests; in TRL the "
+        "adapter's `[B, T]` advantages equal `compute_advantages` on the same inputs (1 and 2 processes)",
+        "differences": "none to compare",
+        "tests": [
+            "tests/advantages/test_advantages_ep_grpo.py::test_entropy_gate_hand_values",
+            "tests/advantages/test_advantages_ep_grpo.py::test_buckets_follow_the_entropy_before_each_token",
+            "tests/training/test_train_e2e.py::"
+            "test_ep_grpo_gives_all_equal_groups_a_gradient_after_the_first_update_and_pass_at_k_is_scored",
+            *_TRL_TOKEN_TESTS,
+        ],
+    },
+    {
         "name": "`reinforce_plus_plus`, `reinforce_plus_plus_baseline` (advantage)",
         "trl": "none",
         "verl": "`adv_estimator: reinforce_plus_plus` (discounted return, `gamma`), `..._baseline` (minus group mean); both `masked_whiten` over the batch's tokens",

@@ -36,7 +36,7 @@ from tepo.integrations.trl import TepoGRPOTrainer
 
 ROWS, GROUP, COMPLETION, PROMPT = 12, 4, 7, 4
 LENGTHS = [7, 2, 5, 3, 6, 6, 1, 4, 6, 3, 5, 2]  # rank 0 (rows 0-5) reaches 7 tokens, rank 1 only 6
-ESTIMATORS = {"erpo": {}, "entropy_adv": {"alpha": 0.05}}
+ESTIMATORS = {"erpo": {}, "entropy_adv": {"alpha": 0.05}, "ep_grpo": {"num_buckets": 3}}
 NOISE, HEAD_SCALE = 0.05, 50.0  # how far the policy is moved from its initial weights
 
 
@@ -204,9 +204,9 @@ def _assert_equal_advantages(got, want, wrong, what):
 
 
 def _wrong_input(model_dir, batch, name, options):
-    """Advantages computed from a wrong input: erpo with the policy as its reference; entropy_adv without its
-    entropy bonus (the sequence-level grpo advantage broadcast over the tokens)."""
-    if name == "erpo":
+    """Advantages computed from a wrong input: erpo and ep_grpo with the policy as their reference; entropy_adv
+    without its entropy bonus (the sequence-level grpo advantage broadcast over the tokens)."""
+    if name in ("erpo", "ep_grpo"):
         return _expected(model_dir, batch, name, options, ref_is_initial=False)
     mask = batch["completion_mask"].bool()
     return torch.where(mask, compute_advantages("grpo", batch["rewards"], GROUP).unsqueeze(1), 0.0)

@@ -117,9 +117,10 @@ def test_entropy_adv_trains_with_one_extra_pass_per_generation(tiny_model_dir, t
 
 
 def test_lora_reference_is_the_adapter_off_model(tiny_model_dir, tmp_path, one_torch_thread):
-    """With a PEFT adapter and beta=0 the reference log-probs are the base model's (the adapter switched off, as
-    TRL does for its KL term): equal to a plain forward of the untouched tiny Llama, and not the policy's. The
-    adapter starts non-zero (init_lora_weights=False), so the two differ from the first step."""
+    """ep_grpo with a PEFT adapter (as EP-GRPO's authors trained, in TRL with LoRA) and beta=0: the reference
+    log-probs are the base model's (the adapter switched off, as TRL does for its KL term): equal to a plain
+    forward of the untouched tiny Llama, and not the policy's. The adapter starts non-zero
+    (init_lora_weights=False), so the two differ from the first step."""
     peft = LoraConfig(
         r=4,
         lora_alpha=32,
@@ -127,7 +128,7 @@ def test_lora_reference_is_the_adapter_off_model(tiny_model_dir, tmp_path, one_t
         init_lora_weights=False,
         task_type="CAUSAL_LM",
     )
-    trainer = _trainer(tiny_model_dir, tmp_path, "erpo", peft_config=peft, learning_rate=1e-3)
+    trainer = _trainer(tiny_model_dir, tmp_path, "ep_grpo", peft_config=peft, learning_rate=1e-3)
     assert trainer._tepo_reference is None  # no copy: the adapters are switched off instead
     _train_and_check(trainer)
     output, inputs, _ = trainer.recorded["estimator"][0]
@@ -140,4 +141,4 @@ def test_lora_reference_is_the_adapter_off_model(tiny_model_dir, tmp_path, one_t
     base_logp = torch.log_softmax(logits.float(), -1).gather(-1, output["completion_ids"].unsqueeze(-1))
     mask = inputs["mask"]
     torch.testing.assert_close(inputs["ref_logp"][mask], base_logp.squeeze(-1)[mask], rtol=1e-5, atol=1e-5)
-    assert (inputs["ref_logp"] - inputs["logp"])[mask].abs().max() > 1e-3  # the policy is not the reference
+    assert (inputs["ref_logp"] - inputs["old_logp"])[mask].abs().max() > 1e-3  # the policy is not the reference
