@@ -126,7 +126,8 @@ def local_token_inputs(
         entropy = old_entropy
         if old_logp is None or ("entropy" in needs and entropy is None):
             # TRL made no old-policy pass: the current model is the sampling policy; one no-grad pass.
-            old_logp, entropy = _scored(trainer, trainer.model, output, forward_kwargs, entropy=True)
+            wants = "entropy" in needs
+            old_logp, entropy = _scored(trainer, trainer.model, output, forward_kwargs, entropy=wants)
         inputs.update(old_logp=old_logp, logp=old_logp)
         if entropy is not None:
             inputs["entropy"] = entropy
