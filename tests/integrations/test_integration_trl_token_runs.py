@@ -141,4 +141,17 @@ def test_lora_reference_is_the_adapter_off_model(tiny_model_dir, tmp_path, one_t
     base_logp = torch.log_softmax(logits.float(), -1).gather(-1, output["completion_ids"].unsqueeze(-1))
     mask = inputs["mask"]
     torch.testing.assert_close(inputs["ref_logp"][mask], base_logp.squeeze(-1)[mask], rtol=1e-5, atol=1e-5)
-    assert (inputs["ref_logp"] - inputs["old_logp"])[mask].abs().max() > 1e-3  # the policy is not the reference
+    assert (inputs["ref_logp"] - inputs["old_logp"])[
+        mask
+    ].abs().max() > 1e-3  # the policy is not the reference
+
+
+def test_with_a_kl_term_the_reference_is_trls_own(tiny_model_dir, tmp_path, one_torch_thread):
+    """beta > 0: TRL loads its reference model and computes its log-probs; the estimator reads those (no copy of
+    the policy is kept, no second reference pass is made)."""
+    trainer = _trainer(tiny_model_dir, tmp_path, "erpo", beta=0.04)
+    assert trainer._tepo_reference is None and trainer.ref_model is not None
+    _train_and_check(trainer)
+    assert trainer.recorded["passes"] == ["policy", "reference"]  # TRL's old-policy and reference passes
+    output, inputs, _ = trainer.recorded["estimator"][0]
+    torch.testing.assert_close(inputs["ref_logp"], output["ref_per_token_logps"].float(), rtol=0, atol=0)

@@ -226,14 +226,16 @@ class TepoGRPOTrainer(GRPOTrainer):
         self, model, input_ids, attention_mask, logits_to_keep, *args, **kw
     ):
         capture = self._tepo_captured_entropies
-        if capture is not None:
-            # Inside generation: the first call (when TRL makes one for the old policy) is pi_old's pass; ask
-            # for its entropies too (the fused head computes them anyway) instead of a second forward.
+        # Inside generation: the policy's first pass (when TRL makes one for the old policy) is pi_old's; ask for
+        # its entropies too (the fused head computes them anyway) instead of a second forward. Not the reference
+        # model's pass: TRL's fused head on it computes log-probs only.
+        first_policy_pass = capture is not None and not capture and model is self.model
+        if first_policy_pass:
             kw["compute_entropy"] = True
         logps, entropies, aux = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kw
         )
-        if capture is not None:
+        if first_policy_pass:
             capture.append(entropies)
         return logps, entropies, aux
 
