@@ -29,6 +29,22 @@ _VERL26 = "tests/integrations/test_integration_verl_objectives.py::test_verl_202
 _MORE = "tests/integrations/test_integration_verl_parity_more.py"
 _T39 = "tests/integrations/test_integration_verl_framework_estimators.py::test_verl_estimators_and_losses_of_issue_39_equal_ours"
 
+# Token-level estimators (issue #44): where they run besides tepo's trainer, and at what cost.
+_TRL_TOKEN_LEVEL = (
+    "none of its own; runs in TRL as `TepoGRPOTrainer(advantage_estimator=...)`: per generation, at most one "
+    "no-grad policy pass (none when TRL makes its old-policy pass: `num_iterations > 1`, vLLM correction) and, "
+    "for `ref_logp`, one reference pass (none with `beta > 0`; adapter-off with PEFT): docs/integrations.md"
+)
+_TEPO_TOKEN_LEVEL = (
+    "the trainer's pre-update pass (entropies) each step, plus the reference pass for `ref_logp`"
+)
+_TRL_TOKEN_ADV = "tests/integrations/test_integration_trl_token_advantages.py"
+_TRL_TOKEN_TESTS = [
+    f"{_TRL_TOKEN_ADV}::test_one_process_loss_receives_compute_advantages",
+    f"{_TRL_TOKEN_ADV}::test_two_processes_loss_receives_compute_advantages",
+    "tests/integrations/test_integration_trl_token_runs.py::test_lora_reference_is_the_adapter_off_model",
+]
+
 ROWS: list[dict] = [
     {
         "name": "`k3_unbiased` (KL)",
@@ -458,14 +474,34 @@ ROWS: list[dict] = [
     },
     {
         "name": "`entropy_adv`, `erpo` (advantage)",
-        "trl": "none",
+        "trl": _TRL_TOKEN_LEVEL,
         "verl": "none",
-        "tepo": "`advantage: entropy_adv` (Cheng et al.), `erpo` (our reading of 2603.28204): docs/algorithms.md",
-        "agree": "no framework ships them: closed-form tests only",
+        "tepo": "`advantage: entropy_adv` (Cheng et al.), `erpo` (our reading of 2603.28204): docs/algorithms.md; "
+        + _TEPO_TOKEN_LEVEL,
+        "agree": "no framework ships them: closed-form tests; in TRL the adapter's `[B, T]` advantages equal "
+        "`compute_advantages` on the same inputs (1 and 2 processes)",
         "differences": "none to compare",
         "tests": [
             "tests/advantages/test_advantages.py::test_entropy_adv_hand_values_with_nan_padding",
             "tests/advantages/test_advantages.py::test_erpo_relu_gate_hand_values",
+            *_TRL_TOKEN_TESTS,
+        ],
+    },
+    {
+        "name": "`ep_grpo` (advantage)",
+        "trl": _TRL_TOKEN_LEVEL,
+        "verl": "none",
+        "tepo": "`advantage: ep_grpo` (our reading of EP-GRPO 2605.04960, fixed in ALGORITHMS.md): "
+        "docs/algorithms.md#ep_grpo; " + _TEPO_TOKEN_LEVEL,
+        "agree": "no framework ships it (the authors' code is not public): closed-form tests; in TRL the "
+        "adapter's `[B, T]` advantages equal `compute_advantages` on the same inputs (1 and 2 processes)",
+        "differences": "none to compare",
+        "tests": [
+            "tests/advantages/test_advantages_ep_grpo.py::test_entropy_gate_hand_values",
+            "tests/advantages/test_advantages_ep_grpo.py::test_buckets_follow_the_entropy_before_each_token",
+            "tests/training/test_train_e2e.py::"
+            "test_ep_grpo_gives_all_equal_groups_a_gradient_after_the_first_update_and_pass_at_k_is_scored",
+            *_TRL_TOKEN_TESTS,
         ],
     },
     {

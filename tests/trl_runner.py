@@ -38,11 +38,15 @@ def two_step_config(tmp_path, **overrides) -> GRPOConfig:
     """A 2-step CPU run of 2 prompts x 2 completions of 8 tokens, float32, logged every step, seed 0: the
     one-window config with 2 rows per device and 2 steps per generation."""
     run = dict(
-        max_steps=2, learning_rate=1e-5, logging_steps=1, temperature=1.0, use_bias_correction_kl=False
+        per_device_train_batch_size=2,
+        steps_per_generation=2,
+        max_steps=2,
+        learning_rate=1e-5,
+        logging_steps=1,
+        temperature=1.0,
+        use_bias_correction_kl=False,
     )
-    return one_window_grpo_config(
-        tmp_path, 8, per_device_train_batch_size=2, steps_per_generation=2, **{**run, **overrides}
-    )
+    return one_window_grpo_config(tmp_path, 8, **{**run, **overrides})
 
 
 def embedded_model_trainer(tmp_path, model=None, tokenizer=None, **kwargs) -> TepoGRPOTrainer:

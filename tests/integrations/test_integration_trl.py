@@ -193,8 +193,20 @@ def test_refuses_what_it_cannot_honour(tmp_path, embedded_model):
         embedded_model_trainer(tmp_path, model, tokenizer, config={"delta": 2.0})
     with pytest.raises(ValueError, match="GRPOConfig sets loss_type='sapo'"):
         embedded_model_trainer(tmp_path, model, tokenizer, config={"loss_type": "sapo"})
-    with pytest.raises(ValueError, match="needs entropy at advantage time, which TRL does not compute"):
-        embedded_model_trainer(tmp_path, model, tokenizer, advantage_estimator="entropy_adv")
+    # token-level estimators get their inputs at advantage time (test_integration_trl_token_advantages.py), except
+    # what TRL's fused log-prob pass does not give, and a logp - old_logp signal (0 once per generation)
+    with pytest.raises(
+        ValueError, match="needs sum_pi_squared at advantage time, which TepoGRPOTrainer does not"
+    ):
+        embedded_model_trainer(tmp_path, model, tokenizer, advantage_estimator="optimal_token_baseline")
+    with pytest.raises(ValueError, match=r"compares logp with old_logp.* Drop progress_baseline='old'"):
+        embedded_model_trainer(
+            tmp_path,
+            model,
+            tokenizer,
+            advantage_estimator="erpo",
+            advantage_options={"progress_baseline": "old"},
+        )
     with pytest.raises(ValueError, match=r"needs reward_components, reward_weights .*normalize_then_sum"):
         embedded_model_trainer(tmp_path, model, tokenizer, advantage_estimator="gdpo")
     with pytest.raises(ValueError, match="unknown advantage_estimator"):

@@ -213,7 +213,7 @@ def test_trl_adaptive_entropy_controller_equals_trls(build_trl_trainer, target):
 
 def test_opo_reads_the_completion_mask_trl_has(build_trl_trainer, tiny_model_dir, tmp_path):
     """advantage_estimator='opo' needs each response's length at advantage time: TRL has the completion mask
-    there, so the adapter passes it (gathered over processes as lengths); OPO's baseline is length-weighted."""
+    there, so the adapter passes it (gathered over processes); OPO's baseline is length-weighted."""
     trainer = tiny_trainer(tiny_model_dir, tmp_path, T, advantage_estimator="opo")
     rewards = torch.tensor([1.0, 0.0, 0.5, 2.0])
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])

@@ -4,8 +4,10 @@
 accelerate/DeepSpeed/FSDP, logging, checkpoints) and replaces only the loss: the per-token log-probs, the
 entropies and the old / reference log-probs TRL already computes are handed to
 `tepo.losses.compute_policy_loss`, the one place where the math lives. Optionally the advantages come from
-`tepo.advantages.compute_advantages` and DAPO's group filter (`tepo.advantages.filter_groups`) drops groups
-whose rewards are all equal.
+`tepo.advantages.compute_advantages` (token-level estimators too: their inputs are computed right after
+generation by `tepo.integrations.trl_token_inputs`, at the cost of at most one no-grad pass of the policy and
+one of the reference) and DAPO's group filter (`tepo.advantages.filter_groups`) drops groups whose rewards are
+all equal.
 
 Normalisation (why the result does not depend on how the batch is split)
 -----------------------------------------------------------------------
@@ -100,10 +102,17 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "tepo.integrations.trl needs TRL >= 1.16: install it with `pip install 'tepo[trl]'`"
     ) from exc
 
-from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, estimator_requires, filter_groups
+from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, filter_groups
 from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, check_advantage_settings, plan_loss
 from tepo.integrations.trl_metrics import TrlMetrics
 from tepo.integrations.trl_metrics import column as adv_column
+from tepo.integrations.trl_token_inputs import (
+    checked_requirements,
+    frozen_reference_copy,
+    gather_rows,
+    local_token_inputs,
+    needs_reference_copy,
+)
 from tepo.losses import aggregate, compute_policy_loss, get_policy_loss, mini_batch_stats
 
 logger = logging.getLogger(__name__)
@@ -136,10 +145,11 @@ class TepoGRPOTrainer(GRPOTrainer):
       ``GRPOConfig`` describes (``loss_type``, ``importance_sampling_level``, ``epsilon``...; module docstring).
     - ``loss_options``: that loss's options (``eps``, ``eps_low``, ``eps_high``, ``agg``, ``entropy_coef``,
       ``kl_estimator``, ``tepo_kl_mask_coef``, ...); ``kl_coef`` comes from ``GRPOConfig.beta``.
-    - ``advantage_estimator`` / ``advantage_options``: a sequence-level estimator of `tepo.advantages`
-      (``grpo``, ``dr_grpo``, ``rloo``, ``opo`` with TRL's completion mask, ...) applied to the weighted sum
-      of the reward functions, replacing TRL's
-      ``scale_rewards`` normalisation; None keeps TRL's advantages.
+    - ``advantage_estimator`` / ``advantage_options``: an estimator of `tepo.advantages` (``grpo``, ``rloo``,
+      ``opo``, ... or a token-level one: ``erpo``, ``entropy_adv``, ``ep_grpo``, ...) applied to the weighted
+      sum of the reward functions, replacing TRL's ``scale_rewards`` normalisation; the per-token inputs it
+      declares are computed at advantage time (`tepo.integrations.trl_token_inputs`) and a token-level
+      estimator's ``[B, T]`` advantages go to the loss. None keeps TRL's advantages.
     - ``dynamic_sampling``: drop (mask out of the loss and of the token counts) every group whose rewards are
       all equal (DAPO; TEPO Eq. 10's ``0 < |correct| < G``). TRL cannot refill the batch, so the batch
       shrinks instead of being topped up with new prompts; the dropped share is logged.
@@ -166,22 +176,12 @@ class TepoGRPOTrainer(GRPOTrainer):
                     f"unknown advantage_estimator {advantage_estimator!r}; registered: "
                     f"{', '.join(ADVANTAGE_ESTIMATORS)}"
                 )
-            # TRL computes advantages from rewards and the completion mask: no log-probs or entropies exist then.
-            missing = estimator_requires(advantage_estimator, advantage_options) - {"mask"}
-            if missing:
-                available = [n for n in ADVANTAGE_ESTIMATORS if not estimator_requires(n) - {"mask"}]
-                gdpo = (
-                    " (for GDPO, TRL's own multi_objective_aggregation='normalize_then_sum' is tepo's gdpo with "
-                    "eps=1e-4, batch_norm='sequence')"
-                    if "reward_components" in missing
-                    else ""
-                )
-                raise ValueError(
-                    f"advantage_estimator {advantage_estimator!r} needs {', '.join(sorted(missing))} at advantage "
-                    f"time, which TRL does not compute; use one of {', '.join(available)}{gdpo}"
-                )
+            # Per-token inputs are computed at advantage time (tepo.integrations.trl_token_inputs).
+            self._tepo_estimator_needs = checked_requirements(advantage_estimator, advantage_options)
         elif advantage_options:
             raise ValueError("advantage_options given without advantage_estimator")
+        else:
+            self._tepo_estimator_needs = frozenset()
         train_args = kwargs.get("args", args[2] if len(args) > 2 else None)
         if train_args is not None:  # fail before TRL loads models or starts vLLM
             plan_loss(train_args, loss_name, loss_options)
@@ -206,6 +206,9 @@ class TepoGRPOTrainer(GRPOTrainer):
             self.loss_options["kl_coef"] = self.beta
         self.loss_options.setdefault("max_len", self.max_completion_length)
         self._tepo_needs_old_entropy = float(self.loss_options.get("tepo_kl_mask_coef", 0.0)) != 0.0
+        self._tepo_reference = (
+            frozen_reference_copy(self) if needs_reference_copy(self, self._tepo_estimator_needs) else None
+        )
         self._tepo_exact_windows = self.args.steps_per_generation % self.args.gradient_accumulation_steps == 0
         if not self._tepo_exact_windows:
             logger.warning(
@@ -223,14 +226,16 @@ class TepoGRPOTrainer(GRPOTrainer):
         self, model, input_ids, attention_mask, logits_to_keep, *args, **kw
     ):
         capture = self._tepo_captured_entropies
-        if capture is not None:
-            # Inside generation: the first call (when TRL makes one for the old policy) is pi_old's pass; ask
-            # for its entropies too (the fused head computes them anyway) instead of a second forward.
+        # Inside generation: the policy's first pass (when TRL makes one for the old policy) is pi_old's; ask for
+        # its entropies too (the fused head computes them anyway) instead of a second forward. Not the reference
+        # model's pass: TRL's fused head on it computes log-probs only.
+        first_policy_pass = capture is not None and not capture and model is self.model
+        if first_policy_pass:
             kw["compute_entropy"] = True
         logps, entropies, aux = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kw
         )
-        if capture is not None:
+        if first_policy_pass:
             capture.append(entropies)
         return logps, entropies, aux
 
@@ -240,17 +245,21 @@ class TepoGRPOTrainer(GRPOTrainer):
         return rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
-        self._tepo_captured_entropies = [] if self._tepo_needs_old_entropy else None
+        wants_entropy = self._tepo_needs_old_entropy or "entropy" in self._tepo_estimator_needs
+        self._tepo_captured_entropies = [] if wants_entropy else None
         try:
             output = super()._generate_and_score_completions(inputs)
             captured = self._tepo_captured_entropies
         finally:
             self._tepo_captured_entropies = None
-        if captured is not None and output.get("old_per_token_logps") is not None:
+        old_entropy = None
+        if captured and output.get("old_per_token_logps") is not None:
             # TRL computes pi_old's log-probs before the reference model's, so the first capture is pi_old's.
-            output[_OLD_ENTROPY] = captured[0].detach()
+            old_entropy = captured[0].detach()
+            if self._tepo_needs_old_entropy:
+                output[_OLD_ENTROPY] = old_entropy
         if self.advantage_estimator is not None or self.dynamic_sampling:
-            self._apply_estimator_and_filter(output)
+            self._apply_estimator_and_filter(output, old_entropy)
         if not self.model.training:
             self._annotate_counts([output], window_size=1)
         return output
@@ -266,7 +275,9 @@ class TepoGRPOTrainer(GRPOTrainer):
             )
         return (per_func * self.reward_weights.to(per_func.device).unsqueeze(0)).nansum(dim=1)
 
-    def _apply_estimator_and_filter(self, output: dict[str, Any]) -> None:
+    def _apply_estimator_and_filter(
+        self, output: dict[str, Any], old_entropy: torch.Tensor | None = None
+    ) -> None:
         rewards = self._global_rewards()  # [N_global], groups of G contiguous rows, all processes
         group_size = self.num_generations if self.model.training else self.num_generations_eval
         local = output["advantages"].shape[0]
@@ -277,28 +288,34 @@ class TepoGRPOTrainer(GRPOTrainer):
                 self.advantage_estimator,
                 rewards.float().cpu(),
                 group_size,
-                mask=self._global_completion_mask(output),
+                **self._global_estimator_inputs(output, old_entropy),
                 **self.advantage_options,
             )
-            output["advantages"] = advantages[rows].to(
-                output["advantages"].device, output["advantages"].dtype
+            # A token-level estimator's [N, T_max] advantages: this process's rows, cut to its own width.
+            mine = (
+                advantages[rows]
+                if advantages.dim() == 1
+                else advantages[rows, : output["completion_mask"].shape[1]]
             )
+            output["advantages"] = mine.to(output["advantages"].device, output["advantages"].dtype)
         if self.dynamic_sampling:
             result = filter_groups(rewards.float().cpu(), group_size)
             output[_KEEP] = result.keep_mask[rows].to(output["completion_mask"].device)
             for key, value in result.metrics.items():
                 self._metrics[mode][f"tepo/dynamic_sampling/{key}"].append(float(value))
 
-    def _global_completion_mask(self, output: dict[str, Any]) -> torch.Tensor:
-        """[N_global, T'] mask of every process's completion tokens (TRL's completion and tool masks), rows in
-        the order of the global rewards; only the lengths are exchanged (the estimators that read a mask at
-        advantage time, opo, use each row's token count)."""
-        mask = output["completion_mask"].bool()
-        if output.get("tool_mask") is not None:
-            mask = mask & output["tool_mask"].bool()
-        lengths = self.accelerator.gather(mask.sum(dim=-1)).cpu()
-        width = max(int(lengths.max().item()) if lengths.numel() else 0, 1)
-        return torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)
+    def _global_estimator_inputs(self, output: dict[str, Any], old_entropy: torch.Tensor | None) -> dict:
+        """The per-token tensors the estimator declared (mask, old / current / reference log-probs, entropies:
+        `tepo.integrations.trl_token_inputs`), every process's rows in the order of the global rewards."""
+        local = local_token_inputs(
+            self,
+            output,
+            self._tepo_estimator_needs,
+            old_entropy=old_entropy,
+            reference=self._tepo_reference,
+            forward_kwargs={key: output.get(key) for key in _MULTIMODAL_KEYS},
+        )
+        return gather_rows(self.accelerator, local)
 
     # ------------------------------------------------------------------------------------------------------
     # Global counts per optimizer window.
