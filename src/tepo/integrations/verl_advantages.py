@@ -86,7 +86,10 @@ _HOW_TO_GET = {
 _HOW_TO_GET["old_logp"] = _HOW_TO_GET["logp"]
 # verl settings of the algorithm section that our estimators do not read: refused when not at their default.
 _VERL_SETTINGS = {
-    "norm_adv_by_std_in_grpo": (True, "norm_by_std (grpo, rloo...) or base_options.norm_by_std"),
+    "norm_adv_by_std_in_grpo": (
+        True,
+        "norm_by_std (grpo_passk, gdpo), or algorithm.adv_estimator=tepo.dr_grpo",
+    ),
     "gamma": (1.0, "gamma (reinforce_plus_plus)"),
 }
 # Extra batch fields [N, T] for the current advantage step, set by a trainer with `advantage_fields`.
@@ -128,8 +131,8 @@ def estimator_options(algorithm: Any, name: str) -> dict[str, Any]:
         value = _get(algorithm, key)
         if value is not None and value != default:
             raise ValueError(
-                f"algorithm.{key}={value!r} is verl's setting and is not read by tepo.{name}: set "
-                f"+algorithm.{OPTIONS_KEY}.{ours} instead, and leave algorithm.{key} at {default!r}"
+                f"algorithm.{key}={value!r} is verl's setting and is not read by tepo.{name}: leave it at "
+                f"{default!r} and set +algorithm.{OPTIONS_KEY}.{ours} instead"
             )
     options = _plain(_get(algorithm, OPTIONS_KEY)) or {}
     if not isinstance(options, Mapping):
@@ -286,6 +289,23 @@ def register_estimators_with_verl() -> dict[str, str]:
     return dict(_REGISTERED)
 
 
+def _dry_run(name: str, options: Mapping[str, Any]) -> None:
+    """``compute_advantages(name, ...)`` on a tiny all-zero batch, so an option's value (not only its name) is
+    checked on the driver before any worker starts; ValueError as the real call would raise it."""
+    zeros, group_size = torch.zeros(2, 2), 2
+    inputs = {key: zeros for key in ("logp", "old_logp", "ref_logp", "entropy", "sum_pi_squared")}
+    compute_advantages(
+        name,
+        torch.arange(group_size, dtype=torch.float32),
+        group_size,
+        mask=torch.ones(2, 2, dtype=torch.bool),
+        reward_components=torch.zeros(2, 1),
+        reward_weights=torch.ones(1),
+        **inputs,
+        **options,
+    )
+
+
 def advantage_config_errors(config: Any) -> list[str]:
     """Problems, before any worker starts, of a verl trainer config whose ``algorithm.adv_estimator`` is ours
     (empty otherwise): bad options, and inputs that verl would not compute with this config."""
@@ -294,6 +314,7 @@ def advantage_config_errors(config: Any) -> list[str]:
         return []
     try:
         needs = required_inputs(config.algorithm, name)
+        _dry_run(name, estimator_options(config.algorithm, name))
     except ValueError as err:
         return [str(err)]
     errors = []
