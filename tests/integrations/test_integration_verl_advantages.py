@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 CASES = {
     "erpo": [{}, {"lam": 0.5, "gate": "none", "num_buckets": 2, "base_options": {"std": "population"}}],
     "entropy_adv": [{}, {"alpha": 0.05, "kappa": 3.0}],
-    # "ep_grpo": [{}],
+    "ep_grpo": [{}, {"eta": 0.5, "num_buckets": 3, "gamma": 2.0}],
 }
 
 CHECK_SCRIPT = textwrap.dedent(

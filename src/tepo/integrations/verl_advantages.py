@@ -88,9 +88,10 @@ _HOW_TO_GET["old_logp"] = _HOW_TO_GET["logp"]
 _VERL_SETTINGS = {
     "norm_adv_by_std_in_grpo": (
         True,
-        "norm_by_std (grpo_passk, gdpo), or algorithm.adv_estimator=tepo.dr_grpo",
+        "without the std division use algorithm.adv_estimator=tepo.dr_grpo, or set "
+        f"+algorithm.{OPTIONS_KEY}.norm_by_std=false where the estimator has it (grpo_passk, gdpo)",
     ),
-    "gamma": (1.0, "gamma (reinforce_plus_plus)"),
+    "gamma": (1.0, f"tepo.reinforce_plus_plus's discount is +algorithm.{OPTIONS_KEY}.gamma"),
 }
 # Extra batch fields [N, T] for the current advantage step, set by a trainer with `advantage_fields`.
 _EXTRA_FIELDS: ContextVar[Mapping[str, torch.Tensor] | None] = ContextVar(
@@ -132,7 +133,7 @@ def estimator_options(algorithm: Any, name: str) -> dict[str, Any]:
         if value is not None and value != default:
             raise ValueError(
                 f"algorithm.{key}={value!r} is verl's setting and is not read by tepo.{name}: leave it at "
-                f"{default!r} and set +algorithm.{OPTIONS_KEY}.{ours} instead"
+                f"{default!r}; {ours}"
             )
     options = _plain(_get(algorithm, OPTIONS_KEY)) or {}
     if not isinstance(options, Mapping):
