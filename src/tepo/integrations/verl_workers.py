@@ -75,7 +75,8 @@ def tepo_v2_config_errors(config: Any) -> list[str]:
 
 
 class TepoRayPPOTrainer(RayPPOTrainer):
-    """verl's ``RayPPOTrainer`` keeping pi_old's entropies and running `tepo_ppo_loss` as the actor loss."""
+    """verl's ``RayPPOTrainer`` keeping pi_old's entropies (for TEPO v2's loss and, being in the batch of verl's
+    ``compute_advantage``, for the token-level estimators) and running `tepo_ppo_loss` as the actor loss."""
 
     def __init__(self, config, *args, **kwargs):
         errors = tepo_config_errors(config)
@@ -110,7 +111,8 @@ if PPOTrainerSync is not None and "tepo_sync" not in TRAINER_REGISTRY:
         verl's v1 driver already keeps pi_old's entropies: ``_compute_old_log_prob`` writes them to its
         TransferQueue as the per-response field ``entropy`` next to ``old_log_probs``, and the update reads every
         persisted field of its samples back; `tepo_ppo_loss` takes H_old from there when `OLD_ENTROPY_KEY` is
-        absent.
+        absent. Its advantage step fetches only its own fields, so `_compute_advantage` hands ``entropy`` to a
+        token-level estimator that reads it (`verl_advantages.advantage_fields`).
         """
 
         def __init__(self, config, *args, **kwargs):
