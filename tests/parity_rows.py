@@ -45,6 +45,20 @@ _TRL_TOKEN_TESTS = [
     "tests/integrations/test_integration_trl_token_runs.py::test_lora_reference_is_the_adapter_off_model",
 ]
 
+# tepo's token-level estimators inside verl (#44): the verl cell of their rows, and the tests behind it.
+_VERL_TOKEN_LEVEL = (
+    "{names} (`algorithm.adv_estimator`, options `+algorithm.tepo_advantage.*`): tepo's own function in verl's "
+    "registry, on verl's `old_log_probs`, pi_old's entropies (verl's pi_old pass computes them anyway: no extra "
+    "forward) and `ref_log_prob`; needs `trainer.v1.trainer_mode=tepo_sync` (v1 driver) or "
+    "`python -m tepo.integrations.verl_main` (legacy), and for {ref} a reference pass "
+    "(`actor.use_kl_loss=true`, `kl_loss_coef=0` if no KL loss is wanted: one reference forward per rollout)"
+)
+_VERL_ADV = "tests/integrations/test_integration_verl_advantages.py::test_verl_advantage_step_computes_tepo_estimators"
+_VERL_ADV_BRIDGE = (
+    "tests/integrations/test_verl_advantages_bridge.py::"
+    "test_erpo_through_the_bridge_equals_compute_advantages_in_tepos_layout"
+)
+
 ROWS: list[dict] = [
     {
         "name": "`k3_unbiased` (KL)",
@@ -475,26 +489,30 @@ ROWS: list[dict] = [
     {
         "name": "`entropy_adv`, `erpo` (advantage)",
         "trl": _TRL_TOKEN_LEVEL,
-        "verl": "none",
+        "verl": _VERL_TOKEN_LEVEL.format(
+            names="`tepo.entropy_adv`, `tepo.erpo`", ref="erpo (its default `progress_baseline: ref`)"
+        ),
         "tepo": "`advantage: entropy_adv` (Cheng et al.), `erpo` (our reading of 2603.28204): docs/algorithms.md; "
         + _TEPO_TOKEN_LEVEL,
-        "agree": "no framework ships them: closed-form tests; in TRL the adapter's `[B, T]` advantages equal "
-        "`compute_advantages` on the same inputs (1 and 2 processes)",
+        "agree": "no framework ships them: closed-form tests; in TRL and verl the adapters' `[B, T]` advantages "
+        "equal `compute_advantages` on the same inputs (TRL: 1 and 2 processes; verl: its own advantage step)",
         "differences": "none to compare",
         "tests": [
             "tests/advantages/test_advantages.py::test_entropy_adv_hand_values_with_nan_padding",
             "tests/advantages/test_advantages.py::test_erpo_relu_gate_hand_values",
             *_TRL_TOKEN_TESTS,
+            _VERL_ADV,
+            _VERL_ADV_BRIDGE,
         ],
     },
     {
         "name": "`ep_grpo` (advantage)",
         "trl": _TRL_TOKEN_LEVEL,
-        "verl": "none",
+        "verl": _VERL_TOKEN_LEVEL.format(names="`tepo.ep_grpo`", ref="ep_grpo"),
         "tepo": "`advantage: ep_grpo` (our reading of EP-GRPO 2605.04960, fixed in ALGORITHMS.md): "
         "docs/algorithms.md#ep_grpo; " + _TEPO_TOKEN_LEVEL,
-        "agree": "no framework ships it (the authors' code is not public): closed-form tests; in TRL the "
-        "adapter's `[B, T]` advantages equal `compute_advantages` on the same inputs (1 and 2 processes)",
+        "agree": "no framework ships it (the authors' code is not public): closed-form tests; in TRL and verl the "
+        "adapters' `[B, T]` advantages equal `compute_advantages` on the same inputs",
         "differences": "none to compare",
         "tests": [
             "tests/advantages/test_advantages_ep_grpo.py::test_entropy_gate_hand_values",
@@ -502,6 +520,7 @@ ROWS: list[dict] = [
             "tests/training/test_train_e2e.py::"
             "test_ep_grpo_gives_all_equal_groups_a_gradient_after_the_first_update_and_pass_at_k_is_scored",
             *_TRL_TOKEN_TESTS,
+            _VERL_ADV,
         ],
     },
     {

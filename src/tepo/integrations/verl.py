@@ -85,17 +85,10 @@ import torch
 from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY, register_policy_loss
 from verl.workers.config import PolicyLossConfig
 
+from tepo.integrations.verl_fields import OLD_ENTROPY_KEY, ROLLOUT_LOGP_KEY, V1_OLD_ENTROPY_KEY
 from tepo.losses import POLICY_LOSSES, compute_policy_loss, get_policy_loss, valid_options
 
 PREFIX = "tepo."
-# Batch field holding pi_old's per-token entropies [N, T] (what verl's _compute_old_log_prob returns as
-# "entropys"); read by `tepo_ppo_loss` for TEPO v2's KL mask.
-OLD_ENTROPY_KEY = "old_entropys"
-# verl's v1 driver keeps pi_old's entropies itself, as the per-response field "entropy" of the update's batch.
-V1_OLD_ENTROPY_KEY = "entropy"
-# The sampler's per-token log-probs, in the batch when ``actor_rollout_ref.rollout.calculate_log_probs=True``
-# (verl's rollout correction needs them too); our losses' ``rollout_logp``.
-ROLLOUT_LOGP_KEY = "rollout_log_probs"
 
 # verl's own PolicyLossConfig fields that are options of our losses under the same name.
 _VERL_SHARED_FIELDS = ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio")

@@ -2,7 +2,7 @@
 
 The same Hydra configuration and launch as ``python -m verl.trainer.main_ppo`` (verl's config tree, verl's
 ``run_ppo`` and Ray set-up), except that the task runner builds `tepo.integrations.verl_workers.TepoRayPPOTrainer`
-instead of ``RayPPOTrainer`` (TEPO v2's entropies; see that module). It runs verl's legacy driver, so it needs
+instead of ``RayPPOTrainer`` (pi_old's entropies for TEPO v2 and the token-level estimators; see that module). It runs verl's legacy driver, so it needs
 ``trainer.use_v1=false`` and refuses anything else with one message before Ray starts.
 """
 
@@ -31,9 +31,9 @@ class TepoTaskRunner(_v0.TaskRunner.__ray_actor_class__):
 
 def check_config(config: DictConfig) -> None:
     """ValueError, before Ray starts, for a config this entry point cannot run."""
-    from tepo.integrations.verl_workers import tepo_v2_config_errors
+    from tepo.integrations.verl_workers import tepo_config_errors
 
-    errors = tepo_v2_config_errors(config)
+    errors = tepo_config_errors(config)
     if config.trainer.get("use_v1", False):
         errors.insert(
             0, "trainer.use_v1 must be false: TepoRayPPOTrainer extends verl's legacy RayPPOTrainer"

@@ -18,6 +18,12 @@ workers start, through the worker group's own ``set_loss_fn``, with ``partial(te
 Both refuse, before any worker starts, a TEPO v2 config that cannot work (`tepo_v2_config_errors`):
 ``tepo_kl_mask_coef != 0`` without ``actor.calculate_entropy=True``, with distillation (which replaces the actor
 loss), or with rollout correction's bypass mode (no pi_old pass, so no pi_old entropies).
+
+Token-level advantage estimators (``algorithm.adv_estimator=tepo.erpo``, `tepo.integrations.verl_advantages`)
+read pi_old's entropies at the advantage step too: the legacy trainer's ``old_entropys`` are in the batch verl's
+``compute_advantage`` gets, and `TepoPPOTrainerSync._compute_advantage` fetches v1's ``entropy`` field (one more
+read of a stored [N, T] field, no forward pass) and hands it over. Both refuse, before workers start, an
+estimator config verl cannot feed (`verl_advantages.advantage_config_errors`).
 """
 
 from __future__ import annotations
@@ -28,7 +34,18 @@ from typing import Any
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.utils.config import omega_conf_to_dataclass
 
-from tepo.integrations.verl import OLD_ENTROPY_KEY, tepo_ppo_loss
+from tepo.integrations.verl import OLD_ENTROPY_KEY, V1_OLD_ENTROPY_KEY, tepo_ppo_loss
+from tepo.integrations.verl_advantages import (
+    advantage_config_errors,
+    advantage_fields,
+    required_inputs,
+    tepo_estimator_name,
+)
+
+
+def tepo_config_errors(config: Any) -> list[str]:
+    """Problems of a verl trainer config for our trainers: TEPO v2's, then our advantage estimator's."""
+    return tepo_v2_config_errors(config) + advantage_config_errors(config)
 
 
 def tepo_v2_config_errors(config: Any) -> list[str]:
@@ -58,12 +75,13 @@ def tepo_v2_config_errors(config: Any) -> list[str]:
 
 
 class TepoRayPPOTrainer(RayPPOTrainer):
-    """verl's ``RayPPOTrainer`` keeping pi_old's entropies and running `tepo_ppo_loss` as the actor loss."""
+    """verl's ``RayPPOTrainer`` keeping pi_old's entropies (for TEPO v2's loss and, being in the batch of verl's
+    ``compute_advantage``, for the token-level estimators) and running `tepo_ppo_loss` as the actor loss."""
 
     def __init__(self, config, *args, **kwargs):
-        errors = tepo_v2_config_errors(config)
+        errors = tepo_config_errors(config)
         if errors:
-            raise ValueError("TEPO v2 under verl: " + "; ".join(errors))
+            raise ValueError("tepo under verl: " + "; ".join(errors))
         super().__init__(config, *args, **kwargs)
 
     def init_workers(self):
@@ -79,7 +97,7 @@ class TepoRayPPOTrainer(RayPPOTrainer):
 
 try:  # verl's v1 driver needs its optional TransferQueue dependency
     from verl.trainer.ppo.v1 import register_trainer
-    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY
+    from verl.trainer.ppo.v1.trainer_base import TRAINER_REGISTRY, tq
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 except ImportError:  # pragma: no cover - depends on the installation
     PPOTrainerSync = None
@@ -93,16 +111,33 @@ if PPOTrainerSync is not None and "tepo_sync" not in TRAINER_REGISTRY:
         verl's v1 driver already keeps pi_old's entropies: ``_compute_old_log_prob`` writes them to its
         TransferQueue as the per-response field ``entropy`` next to ``old_log_probs``, and the update reads every
         persisted field of its samples back; `tepo_ppo_loss` takes H_old from there when `OLD_ENTROPY_KEY` is
-        absent.
+        absent. Its advantage step fetches only its own fields, so `_compute_advantage` hands ``entropy`` to a
+        token-level estimator that reads it (`verl_advantages.advantage_fields`).
         """
 
         def __init__(self, config, *args, **kwargs):
-            errors = tepo_v2_config_errors(config)
+            errors = tepo_config_errors(config)
             if errors:
-                raise ValueError("TEPO v2 under verl: " + "; ".join(errors))
+                raise ValueError("tepo under verl: " + "; ".join(errors))
             super().__init__(config, *args, **kwargs)
 
         def init(self):
             super().init()
             actor_config = omega_conf_to_dataclass(self.config.actor_rollout_ref.actor)
             self.actor_rollout_wg.set_loss_fn(partial(tepo_ppo_loss, config=actor_config))
+
+        def _compute_advantage(self, batch, metrics):
+            """verl's advantage step, with pi_old's stored entropies handed to our estimator when it reads them
+            (verl's step fetches only its own fields from the TransferQueue)."""
+            name = tepo_estimator_name(self.config.algorithm.adv_estimator)
+            if name is None or "entropy" not in required_inputs(self.config.algorithm, name):
+                return super()._compute_advantage(batch, metrics)
+            stored = tq.kv_batch_get(
+                keys=batch.keys,
+                partition_id=batch.partition_id,
+                select_fields=["response_mask", V1_OLD_ENTROPY_KEY],
+            )
+            # Padded as verl's step pads its own fetch (same keys, same rows), so the rows line up.
+            entropy = stored.to_padded_tensor()[V1_OLD_ENTROPY_KEY]
+            with advantage_fields({V1_OLD_ENTROPY_KEY: entropy}):
+                return super()._compute_advantage(batch, metrics)
