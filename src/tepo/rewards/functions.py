@@ -54,11 +54,12 @@ _WHERE = "reward.functions"
 @dataclass(frozen=True)
 class UserRewardFunction:
     """One of the user's reward functions: ``label`` names its column and metrics, ``path`` is a ``.py`` file
-    or a module name, ``name`` the function in it."""
+    or a module name, ``name`` the function in it, ``entry`` its place in ``reward.functions``."""
 
     label: str
     path: str
     name: str
+    entry: int = field(default=0, compare=False)
 
     def for_pool(self) -> dict:
         """What the pool's workers import: a file path made absolute, so a later ``chdir`` cannot lose it."""
@@ -99,7 +100,7 @@ def _parse_entry(
                     "another label (label: my_name)"
                 ),
             )
-        user, name = UserRewardFunction(label, path, entry["name"]), label
+        user, name = UserRewardFunction(label, path, entry["name"], i), label
     elif "label" in entry:
         return None, None, f"{_WHERE}[{i}] ({name}): label is for a function of your own (with path)"
     elif name not in REWARD_FUNCTIONS:
@@ -163,7 +164,7 @@ def user_reward_function_errors(value: Any) -> list[str]:
         try:
             function_kind(load_function(user.path, user.name))
         except RewardFunctionError as err:
-            errors.append(f"{_WHERE} ({user.label}: path {user.path}, name {user.name}): {err}")
+            errors.append(f"{_WHERE}[{user.entry}] ({user.label}: path {user.path}, name {user.name}): {err}")
     return errors
 
 
