@@ -66,7 +66,7 @@ def verify_message(msg: dict, gold_cache: dict) -> dict:
 
 def call_message(msg: dict, functions: dict) -> dict:
     """A user's reward function on one response (verl form) or one batch (TRL form): ``"scored"`` with its
-    ``value`` (or ``values`` and ``element_errors``), or ``"error"`` with the reason in one line."""
+    ``value`` (or ``values`` and the indices of its ``element_errors``), or ``"error"`` with the reason in one line."""
     kind, function = functions[msg["label"]]
     try:
         if kind == "verl":

@@ -219,13 +219,22 @@ def trl_call_arguments(problem, completions: Sequence[str]) -> dict:
 @dataclass
 class ScoredResponses:
     """The rewards of a batch of responses: ``columns`` one list per function (``reward.functions`` order), one
-    value per response; ``verdicts`` math-verify's (None when it was not run); per user function, how many
-    responses scored 0 for an error or a timeout."""
+    value per response; ``verdicts`` math-verify's (None when it was not run); per user function, each
+    response's status (one of ``CALL_STATUSES``: ``"scored"``, or ``"error"`` / ``"timeout"`` that scored 0)."""
 
     columns: list[list[float]]
     verdicts: list | None = None
-    errors: dict[str, int] = field(default_factory=dict)
-    timeouts: dict[str, int] = field(default_factory=dict)
+    statuses: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """Per user function, how many responses scored 0 for an error."""
+        return {name: s.count("error") for name, s in self.statuses.items()}
+
+    @property
+    def timeouts(self) -> dict[str, int]:
+        """Per user function, how many responses scored 0 for a timeout."""
+        return {name: s.count("timeout") for name, s in self.statuses.items()}
 
 
 def runs_math_verify(names: Sequence[str]) -> bool:
@@ -260,22 +269,23 @@ def score_responses(pool, names: Sequence[str], texts: Sequence[str], problems: 
             scored.columns.append([format_reward(t) for t in texts])
         else:
             future, width = calls[name]
-            column, errors, timeouts = _call_column(future.result(), width)
+            column, statuses = _call_column(future.result(), width)
             scored.columns.append(column)
-            scored.errors[name], scored.timeouts[name] = errors, timeouts
+            scored.statuses[name] = statuses
     return scored
 
 
-def _call_column(results: Sequence, width: int) -> tuple[list[float], int, int]:
-    """One value per response from a user function's call results, each call scoring ``width`` responses (1
-    for a verl-form function, a group for a TRL-form one), and how many responses scored 0 for an error or a
-    timeout (a failed call costs all its ``width`` responses)."""
-    column, errors, timeouts = [], 0, 0
+def _call_column(results: Sequence, width: int) -> tuple[list[float], list[str]]:
+    """One value and one status per response from a user function's call results, each call scoring ``width``
+    responses (1 for a verl-form function, a group for a TRL-form one); a failed call costs all its ``width``
+    responses, a TRL element that is not a number its own."""
+    column, statuses = [], []
     for r in results:
         if r.status != "scored":
             column += [0.0] * width
-        else:
-            column += list(r.values) or [r.reward]  # a TRL-form call has its group's values
-        errors += r.element_errors + width * (r.status == "error")
-        timeouts += width * (r.status == "timeout")
-    return column, errors, timeouts
+            statuses += [r.status] * width
+            continue
+        values = list(r.values) or [r.reward]  # a TRL-form call has its group's values
+        column += values
+        statuses += ["error" if i in r.element_errors else "scored" for i in range(len(values))]
+    return column, statuses

@@ -69,8 +69,8 @@ class RewardResult:
     ``seconds``: wall time from hand-off to a worker until the result (queueing excluded).
     ``detail``: why, for ``"timeout"`` and ``"error"`` (empty otherwise).
     A call of a user's reward function (``submit_calls``) has status ``"scored"`` and its value as ``reward``;
-    a batched (TRL-form) call has its values in ``values`` and how many of them were errors in
-    ``element_errors`` (``values`` is empty when the call failed as a whole).
+    a batched (TRL-form) call has its values in ``values`` and the indices of those that were errors (scored 0)
+    in ``element_errors`` (``values`` is empty when the call failed as a whole).
     """
 
     reward: float
@@ -79,7 +79,7 @@ class RewardResult:
     seconds: float
     detail: str = ""
     values: tuple[float, ...] = ()
-    element_errors: int = 0
+    element_errors: tuple[int, ...] = ()
 
 
 @dataclass
@@ -476,7 +476,7 @@ class MathRewardPool:
         scored = status == "scored"
         values = tuple(float(v) for v in msg.get("values", ())) if scored else ()
         reward = float(msg.get("value", 0.0)) if scored else 0.0
-        element_errors = int(msg.get("element_errors", 0)) if scored else 0
+        element_errors = tuple(int(i) for i in msg.get("element_errors", ())) if scored else ()
         with self._lock:
             self._stats.calls += 1
             self._stats.call_timeouts += status == "timeout"
