@@ -109,11 +109,8 @@ def score_message(msg: dict, gold_cache: dict, functions: dict | None = None) ->
 
 
 def load_user_functions() -> dict:
-    """``{label: (kind, function)}`` of ``TEPO_REWARD_FUNCTIONS``; module names are found from the working
-    directory too, as ``python -m`` would."""
+    """``{label: (kind, function)}`` of ``TEPO_REWARD_FUNCTIONS``."""
     specs = json.loads(os.environ.get("TEPO_REWARD_FUNCTIONS") or "[]")
-    if specs and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
     functions = {}
     for spec in specs:
         function = user_functions.load_function(spec["path"], spec["name"])

@@ -72,7 +72,7 @@ def load_function(path: str, name: str):
             raise RewardFunctionError(f"importing {file} failed: {type(err).__name__}: {err}") from None
     else:
         try:
-            module = importlib.import_module(path)
+            module = _import_module(path)
         except SyntaxError as err:
             raise RewardFunctionError(
                 f"syntax error in {err.filename} line {err.lineno}: {err.msg}"
@@ -87,6 +87,19 @@ def load_function(path: str, name: str):
     if not callable(function):
         raise RewardFunctionError(f"{path}: {name!r} is a {type(function).__name__}, not a function")
     return function
+
+
+def _import_module(path: str):
+    """``import path`` with the working directory searched too (as ``python -m`` would), whatever started us."""
+    cwd = str(Path.cwd())
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        return importlib.import_module(path)
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
 
 
 def function_kind(function) -> str:
