@@ -90,3 +90,16 @@ def test_the_word_count_example_trains_with_gdpo_on_each_function(tmp_path, tiny
         for name in ("compute_score", "mentions_topic"):
             assert row[f"reward/{name}_errors"] == 0 and row[f"reward/{name}_timeouts"] == 0
         assert math.isfinite(row["update/loss"])
+
+
+def test_a_task_of_your_own_with_a_math_held_out_evaluation_gets_a_note(monkeypatch):
+    from tepo.config import config_warnings
+
+    monkeypatch.chdir(ROOT)
+    (note,) = config_warnings(load_config(EXAMPLE, ["eval.size=4"]))
+    assert "exclude correctness" in note and "eval.size=4" in note and "--reward-function" in note
+    assert config_warnings(load_config(EXAMPLE, [])) == []  # the example's own eval.size: 0
+    with_correctness = (
+        "reward.functions=[{name: correctness}, {path: examples/word_count/reward.py, name: compute_score}]"
+    )
+    assert config_warnings(load_config(EXAMPLE, ["eval.size=4", with_correctness])) == []

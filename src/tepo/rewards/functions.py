@@ -177,8 +177,8 @@ def format_reward(text: str, *, max_chars: int = DEFAULT_MAX_CHARS) -> float:
 def reward_columns(
     names: Sequence[str], texts: Sequence[str], correctness: Sequence[float]
 ) -> list[list[float]]:
-    """One list per function of ``names`` (in order), each with one reward per response: ``correctness`` from
-    the pool's verdicts, the others computed here from ``texts``."""
+    """One list per built-in function of ``names`` (in order), each with one reward per response:
+    ``correctness`` from the pool's verdicts, the others computed here from ``texts``."""
     columns = []
     for name in names:
         if name == "correctness":
@@ -262,11 +262,10 @@ def score_responses(pool, names: Sequence[str], texts: Sequence[str], problems: 
         calls[name] = (pool.submit_calls(name, arguments), 1 if pool.function_kinds[name] == "verl" else g)
     verdicts = math_future.result() if math_future is not None else None
     scored = ScoredResponses(columns=[], verdicts=verdicts)
+    correctness = [v.reward for v in verdicts] if verdicts is not None else []
     for name in names:
-        if name == "correctness":
-            scored.columns.append([v.reward for v in verdicts])
-        elif name == "format":
-            scored.columns.append([format_reward(t) for t in texts])
+        if name in REWARD_FUNCTIONS:
+            scored.columns += reward_columns([name], texts, correctness)
         else:
             future, width = calls[name]
             column, statuses = _call_column(future.result(), width)
