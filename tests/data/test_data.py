@@ -86,8 +86,8 @@ def test_jsonl_loading_maps_fields_ids_numbers_bom_and_blank_lines(tmp_path):
 
 
 def test_rows_give_reward_functions_verl_s_data_source_and_extra_info(tmp_path):
-    """A row in verl's layout keeps its own data_source and its extra_info mapping merged with its other fields;
-    a value that is not JSON reaches reward functions as its str."""
+    """A row in verl's layout keeps its own data_source and its extra_info mapping merged with its other
+    fields; a value that is not JSON reaches reward functions as its str."""
     import datetime
 
     from tepo.data.loading import row_extra_info

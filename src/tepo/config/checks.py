@@ -163,8 +163,8 @@ def _reward_errors(c: RunConfig) -> list[str]:
             f"reward.overlong_penalty_factor: must be a finite number >= 0, got {r.overlong_penalty_factor}"
         )
     bad_functions = parse_reward_functions(r.functions)[1]
-    # The user's own reward files are imported here, so a wrong path, name or signature is one line now, not an
-    # error in every reward worker after the model has loaded.
+    # The user's own reward files are imported here, so a wrong path, name or signature is one line now, not
+    # an error in every reward worker after the model has loaded.
     errors += bad_functions or user_reward_function_errors(r.functions)
     return errors
 

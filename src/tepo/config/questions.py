@@ -49,7 +49,8 @@ def _reward_notes(config: RunConfig) -> list[str]:
     names = [name for name, _ in parse_reward_functions(config.reward.functions)[0]]
     if names and not runs_math_verify(names) and config.eval.size:
         return [
-            "reward.functions are your own and exclude correctness, so the task is not taken for math, but the "
+            "reward.functions are your own and exclude correctness, so the task is not taken for math, but "
+            "the "
             f"held-out evaluation (eval.size={config.eval.size}) scores math-verify's correctness; set "
             "eval.size=0 and score with `tepo eval --reward-function PATH:NAME` (docs/rewards.md)"
         ]

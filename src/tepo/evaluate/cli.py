@@ -146,8 +146,8 @@ def register(subparsers) -> None:
         action="append",
         metavar="PATH:NAME",
         help="a reward function of your own (a .py file or a module, and the function's name; verl's "
-        "compute_score or TRL's reward_func form, as in reward.functions), scored beside math-verify's accuracy "
-        "into each benchmark's rewards.<NAME> (mean, errors, timeouts); repeatable",
+        "compute_score or TRL's reward_func form, as in reward.functions), scored beside math-verify's "
+        "accuracy into each benchmark's rewards.<NAME> (mean, errors, timeouts); repeatable",
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     p.add_argument(
@@ -237,8 +237,8 @@ def build_tasks(args) -> list:
 
 
 def eval_reward_functions(specs: list[str] | None) -> list:
-    """``--reward-function PATH:NAME`` values as the user's reward functions, each loaded and checked here (the
-    same checks as ``reward.functions``), before any model loads; EvalError with one line per problem."""
+    """``--reward-function PATH:NAME`` values as the user's reward functions, each loaded and checked here
+    (the checks of ``reward.functions``), before any model loads; EvalError with one line per problem."""
     from tepo.rewards import parse_reward_functions, user_reward_function_errors, user_reward_functions
 
     entries = []

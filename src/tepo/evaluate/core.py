@@ -22,7 +22,7 @@ class ProblemResult:
     lengths: list[int] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     votes: list[int | None] = field(default_factory=list)  # answer classes for cons@k (tepo.evaluate.voting)
-    # per response, each of the user's reward functions' value and status (``reward_functions``): label -> (v, s)
+    # per response, the value and status of each of the user's reward functions: label -> (value, status)
     rewards: list[dict[str, tuple[float, str]]] = field(default_factory=list)
 
     @property

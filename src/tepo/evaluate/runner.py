@@ -203,10 +203,10 @@ def evaluate_benchmarks(
 ) -> EvalReport:
     """Evaluate every task, resuming from ``output_dir/samples.jsonl``; ``EvalReport.results`` is ``results.json``.
 
-    ``backend`` is a rollout backend (``HFRollout``); ``pool`` a ``MathRewardPool`` (one with ``reward_workers``
-    workers and ``reward_timeout_s`` per item is started, and closed, when None). ``reward_functions``: the
-    user's own (``tepo.rewards.UserRewardFunction``), scored beside math-verify's accuracy into each benchmark's
-    ``rewards`` (a given ``pool`` must have loaded them).
+    ``backend`` is a rollout backend (``HFRollout``); ``pool`` a ``MathRewardPool`` (one with
+    ``reward_workers`` workers and ``reward_timeout_s`` per item is started, and closed, when None).
+    ``reward_functions``: the user's own (``tepo.rewards.UserRewardFunction``), scored beside math-verify's
+    accuracy into each benchmark's ``rewards`` (a given ``pool`` must have loaded them).
     """
     from tepo.rewards import MathRewardPool
 

@@ -4,10 +4,11 @@ Started by ``MathRewardPool`` as ``python _worker.py`` (a fresh interpreter: no 
 torch threads, and no re-import of the parent's ``__main__``). Only strings and plain results cross the pipe, as
 JSON; nothing is pickled or evaluated.
 
-Two kinds of item: a math-verify verification (``answers.verify_item``), and (``"task": "call"``) a call of one
-of the user's reward functions (``user_functions.py``), which this process imports itself, by path or module
-name, at start-up from ``TEPO_REWARD_FUNCTIONS`` (a JSON list of ``{label, path, name}``), before its memory
-limit. Both run under the same deadlines, so a user's function that hangs or raises costs its item only.
+Two kinds of item: a math-verify verification (``answers.verify_item``), and (``"task": "call"``) a call of
+one of the user's reward functions (``user_functions.py``), which this process imports itself, by path or
+module name, at start-up from ``TEPO_REWARD_FUNCTIONS`` (a JSON list of ``{label, path, name}``), before its
+memory limit. Both run under the same deadlines, so a user's function that hangs or raises costs its item
+only.
 
 Protection layers inside the worker (the parent adds a hard deadline and kills us on overrun):
 - ``RLIMIT_AS`` caps our address space, so a memory bomb raises MemoryError here instead of swapping the host;
@@ -66,7 +67,8 @@ def verify_message(msg: dict, gold_cache: dict) -> dict:
 
 def call_message(msg: dict, functions: dict) -> dict:
     """A user's reward function on one response (verl form) or one batch (TRL form): ``"scored"`` with its
-    ``value`` (or ``values`` and the indices of its ``element_errors``), or ``"error"`` with the reason in one line."""
+    ``value`` (or ``values`` and the indices of its ``element_errors``), or ``"error"`` with the reason in one
+    line."""
     kind, function = functions[msg["label"]]
     try:
         if kind == "verl":

@@ -1,11 +1,11 @@
-"""The reward functions of ``reward.functions``: each response gets one reward per function, and the reward the
-advantage estimators read is their weighted sum (GDPO, ``algorithm.advantage=gdpo``, reads each column).
+"""The reward functions of ``reward.functions``: each response gets one reward per function, and the reward
+the advantage estimators read is their weighted sum (GDPO, ``algorithm.advantage=gdpo``, reads each column).
 
 Built-in, by name:
 
 - ``correctness``: math-verify's verdict from the sandboxed worker pool (``pool.py``): 1 correct, 0 otherwise
-  (wrong, no answer, timeout, error). ``reward_mean`` and ``accuracy`` are this reward whenever it is computed:
-  always, except in a run whose functions are the user's own and do not list it (see below).
+  (wrong, no answer, timeout, error). ``reward_mean`` and ``accuracy`` are this reward whenever it is
+  computed: always, except in a run whose functions are the user's own and do not list it (see below).
 - ``format``: 1 when the completion gives its final answer in ``\\boxed{...}`` (a complete, non-empty last box
   in its last ``max_chars`` characters once the trailer is dropped: ``extract_final_answer(text, "boxed")``),
   else 0, whether the answer is right or not. The usual format reward of R1-style recipes and of GDPO's
@@ -13,12 +13,13 @@ Built-in, by name:
 
 The user's own, by path: ``{path: FILE.py or package.module, name: FUNCTION, weight: W, label: LABEL}``
 (``label`` defaults to ``name``; it names the column and the metrics ``reward/<label>_mean``,
-``reward/<label>_errors``, ``reward/<label>_timeouts``). verl's per-response ``compute_score`` and TRL's batched
-``reward_func`` are both accepted, told apart by their parameter names (``user_functions.py``). They run in the
-pool's workers under its per-item timeout (``reward.timeout_s``): a verl-form function is called once per
-response, a TRL-form one once per prompt's group of ``G`` completions, the timeout applying to each call (a
-group whose call times out scores 0 for all its ``G`` completions). A call that raises, returns a non-number or
-hangs scores 0, is counted, and the run goes on. The data a function gets is in ``user_call_arguments``.
+``reward/<label>_errors``, ``reward/<label>_timeouts``). verl's per-response ``compute_score`` and TRL's
+batched ``reward_func`` are both accepted, told apart by their parameter names (``user_functions.py``). They
+run in the pool's workers under its per-item timeout (``reward.timeout_s``): a verl-form function is called
+once per response, a TRL-form one once per prompt's group of ``G`` completions, the timeout applying to each
+call (a group whose call times out scores 0 for all its ``G`` completions). A call that raises, returns a
+non-number or hangs scores 0, is counted, and the run goes on. The data a function gets is in
+``user_call_arguments``.
 
 When the functions are the user's own and ``correctness`` is not among them, the task is not taken for math:
 math-verify is not run, and ``reward_mean``, ``reward_std``, ``accuracy`` (the share of responses above 0.5)
@@ -79,8 +80,8 @@ def _parse_entry(
             None,
             None,
             (
-                f"{_WHERE}[{i}]: expected a mapping with keys name and weight (and path, label for a function of "
-                f"your own), got {entry!r}"
+                f"{_WHERE}[{i}]: expected a mapping with keys name and weight (and path, label for a "
+                f"function of your own), got {entry!r}"
             ),
         )
     name, weight = entry["name"], entry.get("weight", 1.0)
@@ -142,9 +143,9 @@ def _parse_all(value: Any) -> tuple[list[tuple[str, float]], list[UserRewardFunc
 
 
 def parse_reward_functions(value: Any) -> tuple[list[tuple[str, float]], list[str]]:
-    """``reward.functions`` (a list of ``{name, weight}`` or ``{path, name, weight, label}`` mappings; ``weight``
-    defaults to 1) as ``[(label, weight)]`` (a built-in's label is its name), and one message per problem
-    (unknown name, repeated label, bad weight, empty list). Cheap: it loads no file (see
+    """``reward.functions`` (a list of ``{name, weight}`` or ``{path, name, weight, label}`` mappings;
+    ``weight`` defaults to 1) as ``[(label, weight)]`` (a built-in's label is its name), and one message per
+    problem (unknown name, repeated label, bad weight, empty list). Cheap: it loads no file (see
     ``user_reward_function_errors``)."""
     parsed, _, errors = _parse_all(value)
     return parsed, errors
@@ -192,8 +193,8 @@ def reward_columns(
 
 def verl_call_arguments(problem, completion: str) -> dict:
     """What a verl-form function gets for one response (the mapping of a data row is ``tepo.data.Problem``'s:
-    ``data_source`` the row's own or the data set's name, ``ground_truth`` the answer field, ``extra_info`` the
-    row's other fields): keyword arguments, JSON values only."""
+    ``data_source`` the row's own or the data set's name, ``ground_truth`` the answer field, ``extra_info``
+    the row's other fields): keyword arguments, JSON values only."""
     return {
         "data_source": problem.data_source,
         "solution_str": strip_trailer(completion),
@@ -204,8 +205,8 @@ def verl_call_arguments(problem, completion: str) -> dict:
 
 def trl_call_arguments(problem, completions: Sequence[str]) -> dict:
     """What a TRL-form function gets for one prompt's group: ``prompts`` (the problem text, once per
-    completion), ``completions``, ``ground_truth``, ``data_source``, and one list per ``extra_info`` key (a data
-    set's other columns, as TRL passes them; a key with one of the four names above is left out)."""
+    completion), ``completions``, ``ground_truth``, ``data_source``, and one list per ``extra_info`` key (a
+    data set's other columns, as TRL passes them; a key with one of the four names above is left out)."""
     n = len(completions)
     own = {
         "prompts": [problem.problem] * n,
@@ -218,9 +219,10 @@ def trl_call_arguments(problem, completions: Sequence[str]) -> dict:
 
 @dataclass
 class ScoredResponses:
-    """The rewards of a batch of responses: ``columns`` one list per function (``reward.functions`` order), one
-    value per response; ``verdicts`` math-verify's (None when it was not run); per user function, each
-    response's status (one of ``CALL_STATUSES``: ``"scored"``, or ``"error"`` / ``"timeout"`` that scored 0)."""
+    """The rewards of a batch of responses: ``columns`` one list per function (``reward.functions`` order),
+    one value per response; ``verdicts`` math-verify's (None when it was not run); per user function, each
+    response's status (one of ``CALL_STATUSES``: ``"scored"``, or ``"error"`` / ``"timeout"`` that scored
+    0)."""
 
     columns: list[list[float]]
     verdicts: list | None = None
@@ -244,8 +246,8 @@ def runs_math_verify(names: Sequence[str]) -> bool:
 
 
 def score_responses(pool, names: Sequence[str], texts: Sequence[str], problems: Sequence, group_size: int):
-    """Score ``texts`` (``group_size`` contiguous responses per problem of ``problems``) with every function of
-    ``names`` (labels of ``parse_reward_functions``): math-verify and the user's functions all queued in
+    """Score ``texts`` (``group_size`` contiguous responses per problem of ``problems``) with every function
+    of ``names`` (labels of ``parse_reward_functions``): math-verify and the user's functions all queued in
     ``pool`` before any is waited for, so they run side by side in its workers."""
     g = group_size
     math_future = None

@@ -16,10 +16,11 @@ Start method: workers are fresh interpreters started with ``subprocess`` (fork+e
 ``__main__`` is not re-imported (scripts need no ``if __name__ == "__main__"`` guard), and only JSON lines cross
 the pipes (nothing is pickled). A worker's start-up is its math-verify import and a warm-up verification.
 
-Reward functions of the user's own (``functions``: ``{label, path, name}`` mappings, see ``user_functions.py``)
-are imported by every worker at start-up and called through ``submit_calls`` under the same deadlines: a call
-that raises, returns a non-number or hangs scores 0 with status ``"error"`` or ``"timeout"``; one that returns
-scores ``"scored"`` with its value. These calls are counted apart from the math verifications (``calls``...).
+Reward functions of the user's own (``functions``: ``{label, path, name}`` mappings, ``user_functions.py``)
+are imported by every worker at start-up and called through ``submit_calls`` under the same deadlines: a
+call that raises, returns a non-number or hangs scores 0 with status ``"error"`` or ``"timeout"``; one that
+returns scores ``"scored"`` with its value. These calls are counted apart from the math verifications
+(``calls``...).
 
 Completions lose their trailer (padding, end-of-text markers) and are then cut to their last ``max_chars``
 characters in the parent before anything is sent, so a worker never gets more than ``max_chars`` characters (see
@@ -69,8 +70,8 @@ class RewardResult:
     ``seconds``: wall time from hand-off to a worker until the result (queueing excluded).
     ``detail``: why, for ``"timeout"`` and ``"error"`` (empty otherwise).
     A call of a user's reward function (``submit_calls``) has status ``"scored"`` and its value as ``reward``;
-    a batched (TRL-form) call has its values in ``values`` and the indices of those that were errors (scored 0)
-    in ``element_errors`` (``values`` is empty when the call failed as a whole).
+    a batched (TRL-form) call has its values in ``values`` and the indices of those that were errors (scored
+    0) in ``element_errors`` (``values`` is empty when the call failed as a whole).
     """
 
     reward: float
@@ -220,8 +221,8 @@ class MathRewardPool:
             normal sympy use (about 70 MB virtual after warm-up, under 200 MB on megabyte inputs).
         soft_fraction: the in-worker SIGALRM deadline as a fraction of ``timeout_s``.
         startup_timeout_s: how long a new worker may take to import math-verify and report ready.
-        functions: the user's reward functions, ``{label, path, name}`` mappings, each imported by every worker
-            at start-up (``path`` a ``.py`` file or a module name; ``label`` is what ``submit_calls`` names).
+        functions: the user's reward functions, ``{label, path, name}`` mappings, each imported by every
+            worker at start-up (``path`` a ``.py`` file or a module name; ``submit_calls`` names a ``label``).
 
     Use as a context manager or call ``close()``. ``stats`` returns a snapshot of the cumulative counters.
     """

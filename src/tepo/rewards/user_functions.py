@@ -47,7 +47,7 @@ class RewardFunctionError(Exception):
 
 
 def is_file_path(path: str) -> bool:
-    """A path names a file when it ends in ``.py`` or holds a path separator; otherwise it is a module name."""
+    """A path names a file when it ends in ``.py`` or holds a path separator; else it is a module name."""
     return path.endswith(".py") or "/" in path or "\\" in path
 
 
@@ -90,7 +90,7 @@ def load_function(path: str, name: str):
 
 
 def _import_module(path: str):
-    """``import path`` with the working directory searched too (as ``python -m`` would), whatever started us."""
+    """``import path``, the working directory searched too (as ``python -m`` would), whatever started us."""
     cwd = str(Path.cwd())
     added = cwd not in sys.path
     if added:
@@ -103,7 +103,7 @@ def _import_module(path: str):
 
 
 def function_kind(function) -> str:
-    """``"verl"`` or ``"trl"`` from the parameter names (see the module doc); RewardFunctionError otherwise."""
+    """``"verl"`` or ``"trl"`` from the parameter names (see the module doc); else RewardFunctionError."""
     try:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):
@@ -122,13 +122,14 @@ def function_kind(function) -> str:
         required = p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
         if p.kind == p.POSITIONAL_ONLY or (required and known is not None and p.name not in known):
             raise RewardFunctionError(
-                f"parameter {p.name!r} cannot be given by keyword ({kind} form); expected {EXPECTED_SIGNATURES}"
+                f"parameter {p.name!r} cannot be given by keyword ({kind} form); "
+                f"expected {EXPECTED_SIGNATURES}"
             )
     return kind
 
 
 def accepted_arguments(function, offered: dict) -> dict:
-    """The items of ``offered`` that ``function`` takes by keyword (all of them when it takes ``**kwargs``)."""
+    """The items of ``offered`` that ``function`` takes by keyword (all of them if it takes ``**kwargs``)."""
     parameters = inspect.signature(function).parameters.values()
     if any(p.kind == p.VAR_KEYWORD for p in parameters):
         return offered
@@ -158,8 +159,8 @@ def call_verl(function, arguments: dict) -> float:
 
 
 def call_trl(function, arguments: dict) -> tuple[list[float], list[int]]:
-    """A batch's scores from a TRL-form function, one per completion, and the indices of those that were errors:
-    an element that is not a finite number scores 0 and is an error; ``None`` (TRL's "does not apply") scores 0
+    """A batch's scores from a TRL-form function, one per completion, and the indices of the errors: an
+    element that is not a finite number scores 0 and is an error; ``None`` (TRL's "does not apply") scores 0
     and is not."""
     values = function(**accepted_arguments(function, arguments))
     n = len(arguments["completions"])

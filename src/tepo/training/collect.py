@@ -101,10 +101,10 @@ def collect_rollouts(
     ``reward_functions``: ``(name, weight)`` pairs (``tepo.rewards.functions``); the rewards are
     ``sum_k weight_k * reward_k`` (plus shaping), ``reward_components`` holds each ``reward_k`` as a column, and
     ``reward/<name>_mean`` each one's mean over the first round. The default, correctness with weight 1, gives the
-    correctness reward itself. Dynamic sampling still filters on correctness. A function of the user's own also
-    logs ``reward/<name>_errors`` and ``reward/<name>_timeouts`` (responses that scored 0 for a failed call, over
-    every round). When the functions are the user's own and exclude correctness, math-verify is not run and the
-    weighted sum stands for correctness in ``reward_mean``, ``accuracy`` and dynamic sampling
+    correctness reward itself. Dynamic sampling still filters on correctness. A function of the user's own
+    also logs ``reward/<name>_errors`` and ``reward/<name>_timeouts`` (responses that scored 0 for a failed
+    call, over every round). When the functions are the user's own and exclude correctness, math-verify is not
+    run and the weighted sum stands for correctness in ``reward_mean``, ``accuracy`` and dynamic sampling
     (``tepo.rewards.functions``).
     """
     names = [name for name, _ in reward_functions]
