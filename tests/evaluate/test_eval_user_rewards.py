@@ -1,5 +1,6 @@
-"""``tepo eval --reward-function PATH:NAME``: the user's reward functions scored beside math-verify's accuracy,
-per response in samples.jsonl and per benchmark in results.json; a bad one refused before any model loads."""
+"""``tepo eval --reward-function PATH:NAME``: the user's reward functions scored beside math-verify's
+accuracy, per response in samples.jsonl and per benchmark in results.json; a bad one refused before any model
+loads."""
 
 from __future__ import annotations
 
