@@ -1,7 +1,7 @@
 """Reward functions of the user's own (``reward.functions`` entries with a ``path``): verl's and TRL's forms
 told apart by parameter names, called in the real sandboxed worker pool with the data a row gives, and a
-function that raises, returns a non-number or hangs costing its own responses only (scored 0 and counted), in bounded
-time. The files are real Python files written here and imported by the workers themselves."""
+function that raises, returns a non-number or hangs costing its own responses only (scored 0 and counted),
+in bounded time. The files are real Python files written here and imported by the workers themselves."""
 
 from __future__ import annotations
 
