@@ -72,15 +72,38 @@ def test_jsonl_loading_maps_fields_ids_numbers_bom_and_blank_lines(tmp_path):
     text = "\n".join(json.dumps(r) for r in rows[:2]) + "\r\n\n   \n" + json.dumps(rows[2]) + "\n"
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())
     problems = load_problems(str(path), problem_field="question", answer_field="target", id_field="uid")
-    assert problems == [
-        Problem(id="q1", problem="What is 2+2?", answer="4"),
-        Problem(id="2", problem="Half of 3?", answer="1.5"),
-        Problem(id="5", problem="Name?", answer="\\frac{1}{2}"),  # id: the line number when there is none
+    assert problems == [  # data_source: the file's name, as no row names its own
+        Problem(id="q1", problem="What is 2+2?", answer="4", data_source="d"),
+        Problem(id="2", problem="Half of 3?", answer="1.5", data_source="d"),
+        Problem(id="5", problem="Name?", answer="\\frac{1}{2}", data_source="d"),  # id: the line number
     ]
+    # extra_info (for reward functions of the user's own): the fields but the problem and the answer
+    assert [p.extra_info for p in problems] == [{"uid": "q1"}, {}, {"extra": [1, 2]}]
     assert load_problems(str(path), problem_field="question", answer_field="target", limit=2) == [
-        Problem(id="1", problem="What is 2+2?", answer="4"),
-        Problem(id="2", problem="Half of 3?", answer="1.5"),
+        Problem(id="1", problem="What is 2+2?", answer="4", data_source="d"),
+        Problem(id="2", problem="Half of 3?", answer="1.5", data_source="d"),
     ]
+
+
+def test_rows_give_reward_functions_verl_s_data_source_and_extra_info(tmp_path):
+    """A row in verl's layout keeps its own data_source and its extra_info mapping merged with its other
+    fields; a value that is not JSON reaches reward functions as its str."""
+    import datetime
+
+    from tepo.data.loading import row_extra_info
+
+    path = tmp_path / "v.jsonl"
+    row = {"problem": "p", "answer": "7", "data_source": "openai/gsm8k", "ability": "math"}
+    path.write_text(json.dumps({**row, "extra_info": {"split": "train", "index": 3}}) + "\n")
+    (problem,) = load_problems(str(path))
+    assert problem.data_source == "openai/gsm8k"
+    assert problem.extra_info == {"ability": "math", "split": "train", "index": 3}
+    when = datetime.date(2026, 1, 2)
+    assert row_extra_info({"problem": "p", "when": when, "n": 1}, ("problem",)) == {
+        "when": "2026-01-02",
+        "n": 1,
+    }
+    assert load_problems("arithmetic", limit=1)[0].data_source == "arithmetic"
 
 
 def test_parquet_loading_and_row_errors(tmp_path):

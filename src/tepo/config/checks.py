@@ -142,7 +142,7 @@ def bf16_weights_on_cpu_message(dtype: str) -> str:
 
 
 def _reward_errors(c: RunConfig) -> list[str]:
-    from tepo.rewards import COMPLETION_ANSWER_FORMATS, parse_reward_functions
+    from tepo.rewards import COMPLETION_ANSWER_FORMATS, parse_reward_functions, user_reward_function_errors
 
     errors = []
     r = c.reward
@@ -162,7 +162,10 @@ def _reward_errors(c: RunConfig) -> list[str]:
         errors.append(
             f"reward.overlong_penalty_factor: must be a finite number >= 0, got {r.overlong_penalty_factor}"
         )
-    errors += parse_reward_functions(r.functions)[1]
+    bad_functions = parse_reward_functions(r.functions)[1]
+    # The user's own reward files are imported here, so a wrong path, name or signature is one line now, not
+    # an error in every reward worker after the model has loaded.
+    errors += bad_functions or user_reward_function_errors(r.functions)
     return errors
 
 

@@ -24,7 +24,7 @@ def config_warnings(config: RunConfig) -> list[str]:
     logs them at start). Problems are ``validate``'s; an invalid estimator setting gives no note here."""
     from tepo.advantages import ADVANTAGE_ESTIMATORS, estimator_requires
 
-    renamed = list(getattr(config, "renamed_key_notes", ()))
+    renamed = list(getattr(config, "renamed_key_notes", ())) + _reward_notes(config)
     algo = config.algorithm
     if algo.advantage not in ADVANTAGE_ESTIMATORS:
         return renamed
@@ -40,3 +40,18 @@ def config_warnings(config: RunConfig) -> list[str]:
             "on step 1 and carries signal only once the policy has moved away from it"
         )
     return notes
+
+
+def _reward_notes(config: RunConfig) -> list[str]:
+    from tepo.rewards import parse_reward_functions
+    from tepo.rewards.functions import runs_math_verify
+
+    names = [name for name, _ in parse_reward_functions(config.reward.functions)[0]]
+    if names and not runs_math_verify(names) and config.eval.size:
+        return [
+            "reward.functions are your own and exclude correctness, so the task is not taken for math, but "
+            "the "
+            f"held-out evaluation (eval.size={config.eval.size}) scores math-verify's correctness; set "
+            "eval.size=0 and score with `tepo eval --reward-function PATH:NAME` (docs/rewards.md)"
+        ]
+    return []

@@ -230,9 +230,11 @@ class RewardConfig:
     overlong_penalty_factor: float = 1.0
     # DAPO's overlong filtering: truncated responses (no EOS within rollout.max_new_tokens) are left out of the loss.
     overlong_filter: bool = False
-    # Named reward functions (tepo.rewards.REWARD_FUNCTIONS: correctness, format) with weights: the estimators read
-    # their weighted sum, gdpo each one; each is logged as reward/<name>_mean. E.g.
-    # [{name: correctness, weight: 1.0}, {name: format, weight: 0.5}].
+    # Reward functions with weights: the estimators read their weighted sum, gdpo each one; each is logged as
+    # reward/<name>_mean. Built-in by name (tepo.rewards.REWARD_FUNCTIONS: correctness, format), or your own
+    # by path (verl's compute_score or TRL's reward_func, run in the sandboxed reward workers;
+    # docs/rewards.md). E.g. [{name: correctness, weight: 1.0}, {path: my_rewards.py, name: compute_score,
+    # weight: 0.5}].
     functions: list = field(default_factory=lambda: [{"name": "correctness", "weight": 1.0}])
 
 

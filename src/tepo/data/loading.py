@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from tepo.data.problems import DataError, Problem
@@ -32,14 +33,20 @@ def load_problems(
     ``answer_field`` (numbers are accepted for the answer and turned into strings). For a Hugging Face dataset,
     ``subset`` names its configuration (``load_dataset(name, subset, split=split)``), e.g. ``en`` of
     ``open-r1/DAPO-Math-17k-Processed``.
+
+    Each row's ``data_source`` and ``extra_info`` (what a reward function of the user's own gets, see
+    :class:`Problem`) are its own ``data_source`` field, else the data set's name (the file's stem, the hub
+    name), and its other fields (:func:`row_extra_info`).
     """
     if source in PROCEDURAL_TASKS:
         return make_task_problems(source, limit or 1000, split=split, seed=seed)
     path = Path(source).expanduser()
     if path.exists() or source.endswith((".jsonl", ".json", ".parquet")):
         problems = _load_file(path, problem_field, answer_field, id_field)
+        problems = [_with_source(p, path.stem) for p in problems]
     else:
         problems = _load_hub(source, split, problem_field, answer_field, id_field, subset)
+        problems = [_with_source(p, source) for p in problems]
     if not problems:
         raise DataError(f"{source}: no problems found (the file or split is empty)")
     return problems[:limit] if limit else problems
@@ -142,4 +149,36 @@ def _row_to_problem(
             raise DataError(f"{where}: field {field!r} is empty")
         fields[field] = value
     problem_id = str(row.get(id_field, index))
-    return Problem(id=problem_id, problem=fields[problem_field], answer=fields[answer_field])
+    source = row.get("data_source")
+    return Problem(
+        id=problem_id,
+        problem=fields[problem_field],
+        answer=fields[answer_field],
+        data_source=source if isinstance(source, str) else "",
+        extra_info=row_extra_info(row, (problem_field, answer_field, "data_source")),
+    )
+
+
+def row_extra_info(row: dict, used: tuple[str, ...]) -> dict:
+    """A row's fields but ``used``, with its own ``extra_info`` mapping (verl's parquet layout) merged over
+    them; a value that is not JSON (bytes, a date, an image...) becomes its ``str``, since reward functions
+    run in worker processes that get JSON only."""
+    extra = {str(k): v for k, v in row.items() if k not in used and k != "extra_info"}
+    if isinstance(row.get("extra_info"), dict):
+        extra.update({str(k): v for k, v in row["extra_info"].items()})
+    elif "extra_info" in row:
+        extra["extra_info"] = row["extra_info"]
+    return {key: _json_value(value) for key, value in extra.items()}
+
+
+def _json_value(value):
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
+
+
+def _with_source(problem: Problem, name: str) -> Problem:
+    """``problem`` with ``data_source`` ``name`` unless its row gave its own."""
+    return problem if problem.data_source else replace(problem, data_source=name)

@@ -99,7 +99,9 @@ def make_arithmetic_problems(task: str, count: int, *, split: str = "train", see
         if text in seen or text in other:
             continue
         seen.add(text)
-        problems.append(Problem(id=f"{task}-{split}-{len(problems)}", problem=text, answer=str(answer)))
+        problems.append(
+            Problem(id=f"{task}-{split}-{len(problems)}", problem=text, answer=str(answer), data_source=task)
+        )
     return problems
 
 
@@ -146,7 +148,10 @@ def make_mixture_problems(count: int, *, split: str = "train", seed: int = 0) ->
         seen.add(text)
         problems.append(
             Problem(
-                id=f"{MIXTURE_TASK}-{split}-{len(problems)}-L{level + 1}", problem=text, answer=str(answer)
+                id=f"{MIXTURE_TASK}-{split}-{len(problems)}-L{level + 1}",
+                problem=text,
+                answer=str(answer),
+                data_source=MIXTURE_TASK,
             )
         )
     return problems

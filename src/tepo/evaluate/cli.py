@@ -141,6 +141,14 @@ def register(subparsers) -> None:
     p.add_argument(
         "--reward-timeout", type=float, default=10.0, help="seconds allowed to verify one response"
     )
+    p.add_argument(
+        "--reward-function",
+        action="append",
+        metavar="PATH:NAME",
+        help="a reward function of your own (a .py file or a module, and the function's name; verl's "
+        "compute_score or TRL's reward_func form, as in reward.functions), scored beside math-verify's "
+        "accuracy into each benchmark's rewards.<NAME> (mean, errors, timeouts); repeatable",
+    )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     p.add_argument(
         "--dtype",
@@ -228,6 +236,27 @@ def build_tasks(args) -> list:
     return tasks
 
 
+def eval_reward_functions(specs: list[str] | None) -> list:
+    """``--reward-function PATH:NAME`` values as the user's reward functions, each loaded and checked here
+    (the checks of ``reward.functions``), before any model loads; EvalError with one line per problem."""
+    from tepo.rewards import parse_reward_functions, user_reward_function_errors, user_reward_functions
+
+    entries = []
+    for spec in specs or []:
+        path, sep, name = spec.rpartition(":")
+        if not sep or not path or not name:
+            raise EvalError(
+                f"--reward-function {spec!r}: expected PATH:NAME, e.g. my_rewards.py:compute_score"
+            )
+        entries.append({"path": path, "name": name})
+    if not entries:
+        return []
+    errors = parse_reward_functions(entries)[1] or user_reward_function_errors(entries)
+    if errors:
+        raise EvalError("; ".join(e.replace("reward.functions", "--reward-function", 1) for e in errors))
+    return user_reward_functions(entries)
+
+
 def _task_key(name: str) -> str:
     """A benchmark's key in the output files: its name, or for a file its stem (its folder for test.jsonl)."""
     from tepo.evaluate.benchmarks import BENCHMARKS
@@ -262,6 +291,7 @@ def run_eval(args) -> int:
     output_dir = None
     try:
         tasks = build_tasks(args)  # data problems surface before the model loads
+        reward_functions = eval_reward_functions(args.reward_function)  # and bad reward files
         from tepo.config import HfRolloutConfig, RolloutConfig, VllmConfig
         from tepo.evaluate.loading import describe_model, load_eval_model
         from tepo.evaluate.runner import evaluate_benchmarks, results_table
@@ -311,6 +341,7 @@ def run_eval(args) -> int:
                 progress=not args.no_progress,
                 protocol=args.protocol,
                 log=lambda msg: print(msg, file=sys.stderr),
+                reward_functions=reward_functions,
             )
     except (EvalError, DataError, CheckpointError) as err:
         print(f"tepo eval: error: {err}", file=sys.stderr)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tepo.data import Problem, build_prompt_ids
-from tepo.rewards import MathRewardPool, RewardResult
+from tepo.rewards import MathRewardPool, RewardResult, score_responses
 
 
 @dataclass
@@ -22,6 +22,8 @@ class ProblemResult:
     lengths: list[int] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     votes: list[int | None] = field(default_factory=list)  # answer classes for cons@k (tepo.evaluate.voting)
+    # per response, the value and status of each of the user's reward functions: label -> (value, status)
+    rewards: list[dict[str, tuple[float, str]]] = field(default_factory=list)
 
     @property
     def num_correct(self) -> int:
@@ -58,12 +60,15 @@ def score_problems(
     batch_prompts: int = 16,
     on_batch: Callable[[list[ProblemResult]], None] | None = None,
     answer_format: str | None = None,
+    reward_functions: Sequence[str] = (),
 ) -> list[ProblemResult]:
     """``num_samples`` responses per problem (one if ``greedy``), verified; batches of ``batch_prompts`` prompts.
 
     Each batch's seed is ``seed + batch index`` so results do not depend on which batches ran before (a resumed
     evaluation gives the same samples). ``on_batch`` receives each finished batch (for progress and resume logs).
     ``answer_format`` overrides the pool's own for these verdicts (``tepo eval`` judges benchmarks with "boxed").
+    ``reward_functions``: labels of the user's reward functions loaded in ``pool``, scored beside the verdicts
+    (accuracy stays math-verify's); each response's value and status go in ``ProblemResult.rewards``.
     """
     samples = 1 if greedy else num_samples
     results: list[ProblemResult] = []
@@ -81,6 +86,9 @@ def score_problems(
         )
         answers = [p.answer for p in chunk for _ in range(samples)]
         verdicts = pool.score(batch.texts, answers, answer_format=answer_format)
+        user = (
+            score_responses(pool, reward_functions, batch.texts, chunk, samples) if reward_functions else None
+        )
         lengths = batch.response_mask.sum(1).long().tolist()
         # One sample: it wins its own vote (class 0 when correct; a wrong one is a lone class 1, or None without
         # an answer).
@@ -111,12 +119,19 @@ def score_problems(
                     lengths=[lengths[r] for r in rows],
                     truncated=[bool(batch.truncated[r]) for r in rows],
                     votes=list(votes[j]),
+                    rewards=[_user_rewards(user, reward_functions, r) for r in rows] if user else [],
                 )
             )
         results.extend(chunk_results)
         if on_batch is not None:
             on_batch(chunk_results)
     return results
+
+
+def _user_rewards(scored, labels: Sequence[str], row: int) -> dict[str, tuple[float, str]]:
+    return {
+        label: (column[row], scored.statuses[label][row]) for label, column in zip(labels, scored.columns)
+    }
 
 
 def accuracy(results: Sequence[ProblemResult]) -> float:

@@ -13,6 +13,8 @@ Everything ``results.json`` reports is computed here from the records alone, so 
   math-verify judges them equal, :mod:`tepo.evaluate.voting`, stored per response as ``vote``);
 - boxed rate: share of all responses with a final, complete, non-empty ``\\boxed{}`` in the verified tail
   (ERPO 2603.28204 Table 1 "Fmt"), whatever the answer format used for judging;
+- per reward function of the user's own (``tepo eval --reward-function``), under ``rewards``: its ``mean``
+  over the responses it scored, and how many of them scored 0 for an ``error`` or a ``timeout``;
 - mean response length in tokens (EOS included) and the share of responses truncated at ``max_new_tokens``.
 
 A response counts as correct only with verdict status ``"correct"``; ``timeout`` and ``error`` verdicts count as
@@ -61,4 +63,23 @@ def benchmark_metrics(records: Sequence[dict], *, greedy: bool, pass_k: Sequence
     out["mean_response_tokens"] = sum(int(resp["tokens"]) for resp in responses) / len(responses)
     out["truncated_rate"] = sum(bool(resp["truncated"]) for resp in responses) / len(responses)
     out["statuses"] = dict(Counter(resp["status"] for resp in responses))
+    if any("rewards" in resp for resp in responses):
+        out["rewards"] = user_reward_metrics(responses)
     return out
+
+
+def user_reward_metrics(responses: Sequence[dict]) -> dict:
+    """Per label of the responses' ``rewards`` (``[value, status]``): mean value, errors, timeouts, count."""
+    by_label: dict[str, list] = {}
+    for resp in responses:
+        for label, (value, status) in resp.get("rewards", {}).items():
+            by_label.setdefault(label, []).append((float(value), status))
+    return {
+        label: {
+            "mean": sum(v for v, _ in pairs) / len(pairs),
+            "errors": sum(s == "error" for _, s in pairs),
+            "timeouts": sum(s == "timeout" for _, s in pairs),
+            "responses": len(pairs),
+        }
+        for label, pairs in by_label.items()
+    }

@@ -199,11 +199,14 @@ def evaluate_benchmarks(
     progress: bool = True,
     protocol: str | None = None,
     log: Callable[[str], None] = print,
+    reward_functions: Sequence = (),
 ) -> EvalReport:
     """Evaluate every task, resuming from ``output_dir/samples.jsonl``; ``EvalReport.results`` is ``results.json``.
 
-    ``backend`` is a rollout backend (``HFRollout``); ``pool`` a ``MathRewardPool`` (one with ``reward_workers``
-    workers and ``reward_timeout_s`` per item is started, and closed, when None).
+    ``backend`` is a rollout backend (``HFRollout``); ``pool`` a ``MathRewardPool`` (one with
+    ``reward_workers`` workers and ``reward_timeout_s`` per item is started, and closed, when None).
+    ``reward_functions``: the user's own (``tepo.rewards.UserRewardFunction``), scored beside math-verify's
+    accuracy into each benchmark's ``rewards`` (a given ``pool`` must have loaded them).
     """
     from tepo.rewards import MathRewardPool
 
@@ -237,7 +240,11 @@ def evaluate_benchmarks(
             start = time.perf_counter()
             if todo and pool is None:
                 pool = stack.enter_context(
-                    MathRewardPool(num_workers=reward_workers, timeout_s=reward_timeout_s)
+                    MathRewardPool(
+                        num_workers=reward_workers,
+                        timeout_s=reward_timeout_s,
+                        functions=[f.for_pool() for f in reward_functions],
+                    )
                 )
             bar = stack.enter_context(_progress_bar(task, len(done), progress))
             correct = [r["num_correct"] / r["num_samples"] for r in done.values()]
@@ -264,6 +271,7 @@ def evaluate_benchmarks(
                         seed=s.seed + batch_index,
                         batch_prompts=task_batch,
                         answer_format=s.answer_format,
+                        reward_functions=[f.label for f in reward_functions],
                     )
                 except RolloutError as err:
                     # Finished batches are in samples.jsonl already: the same command resumes after them.
@@ -299,12 +307,14 @@ def evaluate_benchmarks(
 
 def results_table(results: dict, names: Sequence[str] | None = None) -> str:
     """The terminal table: one row per benchmark, the headline accuracy (greedy or avg@n), pass@k columns and
-    cons@n (majority vote over all n samples; "-" for greedy settings)."""
+    cons@n (majority vote over all n samples; "-" for greedy settings), and the mean of each reward function
+    of the user's own (``--reward-function``)."""
     from tepo.metrics.tables import format_table
 
     benches = results["benchmarks"]
     names = [n for n in (names or list(benches)) if n in benches]
     ks = sorted({int(k) for n in names for k in benches[n].get("pass@k", {})})
+    labels = sorted({label for n in names for label in benches[n].get("rewards", {})})
     headers = [
         "benchmark",
         "setting",
@@ -315,6 +325,7 @@ def results_table(results: dict, names: Sequence[str] | None = None) -> str:
         "boxed",
         "mean tokens",
         "truncated",
+        *labels,
     ]
     rows = []
     for name in names:
@@ -337,6 +348,7 @@ def results_table(results: dict, names: Sequence[str] | None = None) -> str:
                 _pct(m.get("boxed_rate")),
                 _num(m.get("mean_response_tokens")),
                 _pct(m.get("truncated_rate")),
+                *(_mean(m.get("rewards", {}).get(label)) for label in labels),
             ]
         )
     return format_table(headers, rows)
@@ -344,6 +356,10 @@ def results_table(results: dict, names: Sequence[str] | None = None) -> str:
 
 def _pct(value) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _mean(reward: dict | None) -> str:
+    return "-" if reward is None else f"{reward['mean']:.3f}"
 
 
 def _num(value) -> str:

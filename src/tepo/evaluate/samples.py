@@ -34,13 +34,16 @@ def problem_record(benchmark: str, index: int, result: ProblemResult) -> dict:
             "truncated": bool(truncated),
             "detail": verdict.detail,
             "vote": vote,  # answer class for cons@k (tepo.evaluate.voting): 0 correct, None no answer
+            # the user's reward functions (tepo eval --reward-function): label -> [value, status]
+            **({"rewards": {label: list(pair) for label, pair in rewards.items()}} if rewards else {}),
         }
-        for text, verdict, length, truncated, vote in zip(
+        for text, verdict, length, truncated, vote, rewards in zip(
             result.responses,
             result.verdicts,
             result.lengths,
             result.truncated,
             result.votes or [0 if v.status == "correct" else None for v in result.verdicts],
+            result.rewards or [{}] * len(result.verdicts),
             strict=True,
         )
     ]

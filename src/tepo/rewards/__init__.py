@@ -2,7 +2,8 @@
 
 See ``pool.py`` for the safety design, ``answers.py`` for how the final answer is taken from a completion (and
 the one list of answer-format names, ``ANSWER_FORMATS``), ``functions.py`` for the named reward functions of
-``reward.functions`` (correctness, format), and ``shaping.py`` for DAPO's overlong reward shaping.
+``reward.functions`` (correctness, format, and the user's own by path: ``user_functions.py`` loads and calls
+them in the workers), and ``shaping.py`` for DAPO's overlong reward shaping.
 """
 
 from .answers import (
@@ -17,11 +18,16 @@ from .answers import (
 from .functions import (
     DEFAULT_REWARD_FUNCTIONS,
     REWARD_FUNCTIONS,
+    ScoredResponses,
+    UserRewardFunction,
     format_reward,
     parse_reward_functions,
     reward_columns,
+    score_responses,
+    user_reward_function_errors,
+    user_reward_functions,
 )
-from .pool import STATUSES, MathRewardPool, RewardFuture, RewardResult, RewardStats
+from .pool import CALL_STATUSES, STATUSES, MathRewardPool, RewardFuture, RewardResult, RewardStats
 from .single import math_equal
 
 # The shaping functions need torch; the pool and extraction do not (a process that only verifies answers should not
@@ -40,6 +46,7 @@ def __getattr__(name: str):
 __all__ = [
     "ANSWER_FORMATS",
     "ANSWER_FORMAT_DESCRIPTIONS",
+    "CALL_STATUSES",
     "COMPLETION_ANSWER_FORMATS",
     "DEFAULT_MAX_CHARS",
     "DEFAULT_REWARD_FUNCTIONS",
@@ -50,6 +57,8 @@ __all__ = [
     "RewardFuture",
     "RewardResult",
     "RewardStats",
+    "ScoredResponses",
+    "UserRewardFunction",
     "extract_final_answer",
     "format_reward",
     "mask_truncated",
@@ -58,5 +67,8 @@ __all__ = [
     "overlong_penalty",
     "parse_reward_functions",
     "reward_columns",
+    "score_responses",
     "strip_trailer",
+    "user_reward_function_errors",
+    "user_reward_functions",
 ]

@@ -16,6 +16,12 @@ Start method: workers are fresh interpreters started with ``subprocess`` (fork+e
 ``__main__`` is not re-imported (scripts need no ``if __name__ == "__main__"`` guard), and only JSON lines cross
 the pipes (nothing is pickled). A worker's start-up is its math-verify import and a warm-up verification.
 
+Reward functions of the user's own (``functions``: ``{label, path, name}`` mappings, ``user_functions.py``)
+are imported by every worker at start-up and called through ``submit_calls`` under the same deadlines: a
+call that raises, returns a non-number or hangs scores 0 with status ``"error"`` or ``"timeout"``; one that
+returns scores ``"scored"`` with its value. These calls are counted apart from the math verifications
+(``calls``...).
+
 Completions lose their trailer (padding, end-of-text markers) and are then cut to their last ``max_chars``
 characters in the parent before anything is sent, so a worker never gets more than ``max_chars`` characters (see
 ``answers.py``); lone surrogates and control characters are replaced (see ``sanitize``).
@@ -36,12 +42,14 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .answers import ANSWER_FORMATS, DEFAULT_MAX_CHARS, tail
 
 STATUSES = ("correct", "wrong", "no_answer", "timeout", "error")
+CALL_STATUSES = ("scored", "timeout", "error")  # of a call of a user's reward function
 _WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 # Lone surrogates (invalid UTF-8 decoded with "surrogateescape") become U+FFFD so results stay writable as UTF-8;
 # C0 control characters other than tab/newline/CR, and DEL, mean nothing in LaTeX and become spaces.
@@ -61,6 +69,9 @@ class RewardResult:
 
     ``seconds``: wall time from hand-off to a worker until the result (queueing excluded).
     ``detail``: why, for ``"timeout"`` and ``"error"`` (empty otherwise).
+    A call of a user's reward function (``submit_calls``) has status ``"scored"`` and its value as ``reward``;
+    a batched (TRL-form) call has its values in ``values`` and the indices of those that were errors (scored
+    0) in ``element_errors`` (``values`` is empty when the call failed as a whole).
     """
 
     reward: float
@@ -68,6 +79,8 @@ class RewardResult:
     extracted: str | None
     seconds: float
     detail: str = ""
+    values: tuple[float, ...] = ()
+    element_errors: tuple[int, ...] = ()
 
 
 @dataclass
@@ -84,6 +97,9 @@ class RewardStats:
     parse_failures: int = 0
     worker_restarts: int = 0
     errors: int = 0
+    calls: int = 0  # calls of user reward functions, and how many of them timed out or failed
+    call_timeouts: int = 0
+    call_errors: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -126,18 +142,24 @@ class RewardFuture:
 class _Item:
     future: RewardFuture
     index: int
-    gold: str
-    response: str
-    answer_format: str
+    payload: dict  # the request's JSON fields but its id and deadline (strings already sanitized)
     attempts: int = 0
+
+    @property
+    def is_call(self) -> bool:
+        return self.payload.get("task") == "call"
 
 
 class _Worker:
     """One worker process and the parent's view of it."""
 
-    def __init__(self, memory_limit_mb: int):
+    def __init__(self, memory_limit_mb: int, functions_json: str = "[]"):
         self.log = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the worker; the worker's stderr: kept for error details, never printed
-        env = dict(os.environ, TEPO_REWARD_WORKER_MEMORY_MB=str(memory_limit_mb))
+        env = dict(
+            os.environ,
+            TEPO_REWARD_WORKER_MEMORY_MB=str(memory_limit_mb),
+            TEPO_REWARD_FUNCTIONS=functions_json,
+        )
         self.proc = subprocess.Popen(
             [sys.executable, "-X", "faulthandler", str(_WORKER_SCRIPT)],
             stdin=subprocess.PIPE,
@@ -199,6 +221,8 @@ class MathRewardPool:
             normal sympy use (about 70 MB virtual after warm-up, under 200 MB on megabyte inputs).
         soft_fraction: the in-worker SIGALRM deadline as a fraction of ``timeout_s``.
         startup_timeout_s: how long a new worker may take to import math-verify and report ready.
+        functions: the user's reward functions, ``{label, path, name}`` mappings, each imported by every
+            worker at start-up (``path`` a ``.py`` file or a module name; ``submit_calls`` names a ``label``).
 
     Use as a context manager or call ``close()``. ``stats`` returns a snapshot of the cumulative counters.
     """
@@ -213,6 +237,7 @@ class MathRewardPool:
         memory_limit_mb: int = 1024,
         soft_fraction: float = 0.8,
         startup_timeout_s: float = 60.0,
+        functions: Sequence[Mapping[str, str]] = (),
     ):
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"MathRewardPool: num_workers must be an int >= 1, got {num_workers!r}")
@@ -233,6 +258,11 @@ class MathRewardPool:
         self.memory_limit_mb = int(memory_limit_mb)
         self.soft_fraction = float(soft_fraction)
         self.startup_timeout_s = float(startup_timeout_s)
+        self.function_labels = tuple(f["label"] for f in functions)
+        self.function_kinds: dict[str, str] = {}  # label -> "verl" or "trl", as the first ready worker found
+        self._functions_json = json.dumps(
+            [{key: str(f[key]) for key in ("label", "path", "name")} for f in functions]
+        )
 
         self._lock = threading.Lock()
         self._pending: deque[_Item] = deque()
@@ -243,7 +273,7 @@ class MathRewardPool:
         self._next_id = 0
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
-        self._workers = [_Worker(self.memory_limit_mb) for _ in range(num_workers)]
+        self._workers = [_Worker(self.memory_limit_mb, self._functions_json) for _ in range(num_workers)]
         try:
             self._wait_ready()
         except BaseException:
@@ -277,14 +307,39 @@ class MathRewardPool:
                         f"MathRewardPool.submit: {name}[{i}] is {type(v).__name__}, expected str "
                         "(decode bytes first, e.g. with errors='replace')"
                     )
-        future = RewardFuture(len(responses))
+        payloads = [
+            {
+                "gold": sanitize(gold, self.max_chars),
+                "response": sanitize(response, self.max_chars),
+                "format": fmt,
+                "max_chars": self.max_chars,
+            }
+            for response, gold in zip(responses, answers)
+        ]
+        return self._queue(payloads, "submit")
+
+    def submit_calls(self, label: str, arguments: list[dict]) -> RewardFuture:
+        """Queue one call of the user's reward function ``label`` per mapping of ``arguments`` (its keyword
+        arguments, JSON values only; see ``user_functions.py``); returns at once with a ``RewardFuture``."""
+        if label not in self.function_labels:
+            known = ", ".join(self.function_labels) or "none"
+            raise ValueError(f"MathRewardPool.submit_calls: no reward function {label!r} (loaded: {known})")
+        payloads = [{"task": "call", "label": label, "arguments": a} for a in arguments]
+        try:
+            json.dumps(payloads)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"MathRewardPool.submit_calls: arguments must be JSON values ({err})") from None
+        return self._queue(payloads, "submit_calls")
+
+    def _queue(self, payloads: list[dict], caller: str) -> RewardFuture:
+        future = RewardFuture(len(payloads))
         with self._lock:
             if self._closed:
-                raise RuntimeError("MathRewardPool.submit: the pool is closed")
+                raise RuntimeError(f"MathRewardPool.{caller}: the pool is closed")
             if self._broken is not None:
-                raise RuntimeError(f"MathRewardPool.submit: the pool is broken: {self._broken}")
-            for i, (response, gold) in enumerate(zip(responses, answers)):
-                self._pending.append(_Item(future, i, gold, response, fmt))
+                raise RuntimeError(f"MathRewardPool.{caller}: the pool is broken: {self._broken}")
+            for i, payload in enumerate(payloads):
+                self._pending.append(_Item(future, i, payload))
             self._wake()  # under the lock: close() cannot close the pipe in between
         return future
 
@@ -365,7 +420,7 @@ class MathRewardPool:
         w.kill()
         with self._lock:
             self._stats.worker_restarts += 1
-            self._workers[self._workers.index(w)] = _Worker(self.memory_limit_mb)
+            self._workers[self._workers.index(w)] = _Worker(self.memory_limit_mb, self._functions_json)
 
     def _read(self, w: _Worker) -> bool:
         """Read what ``w`` wrote and handle complete lines; False on end of file (the worker died)."""
@@ -380,25 +435,31 @@ class MathRewardPool:
             line, w.buffer = w.buffer.split(b"\n", 1)
             try:
                 msg = json.loads(line)
-                if not isinstance(msg, dict) or msg.get("status", "error") not in STATUSES:
+                if not isinstance(msg, dict) or msg.get("status", "error") not in (*STATUSES, "scored"):
                     raise ValueError("unexpected message")
             except ValueError:
                 return False  # a worker that breaks the protocol is treated as dead
             if msg.get("ready"):
                 w.ready = True
                 w.startup_s = time.monotonic() - w.started
+                self.function_kinds = self.function_kinds or dict(msg.get("kinds", {}))
                 self._startup_failures = 0
             elif w.item is not None and msg.get("id") == w.item_id:
-                self._finish(w, msg["status"], msg.get("extracted"), msg.get("detail", ""))
+                self._finish(w, msg["status"], msg.get("extracted"), msg.get("detail", ""), msg)
                 with self._lock:
                     self._stats.parse_failures += bool(msg.get("parse_failure"))
         return True
 
     # ------------------------------------------------------------------ dispatching
-    def _finish(self, w: _Worker, status: str, extracted: str | None, detail: str) -> None:
+    def _finish(
+        self, w: _Worker, status: str, extracted: str | None, detail: str, msg: dict | None = None
+    ) -> None:
         item = w.item
         seconds = time.monotonic() - w.item_start
         w.item, w.deadline = None, float("inf")
+        if item.is_call:
+            self._finish_call(item, status, seconds, detail, msg or {})
+            return
         result = RewardResult(1.0 if status == "correct" else 0.0, status, extracted, seconds, detail)
         with self._lock:
             s = self._stats
@@ -410,6 +471,21 @@ class MathRewardPool:
             s.errors += status == "error"
         item.future._set(item.index, result)
 
+    def _finish_call(self, item: _Item, status: str, seconds: float, detail: str, msg: dict) -> None:
+        """A user function's call: its value(s) when ``"scored"``, else 0 (the worker checked the values)."""
+        status = status if status in CALL_STATUSES else "error"
+        scored = status == "scored"
+        values = tuple(float(v) for v in msg.get("values", ())) if scored else ()
+        reward = float(msg.get("value", 0.0)) if scored else 0.0
+        element_errors = tuple(int(i) for i in msg.get("element_errors", ())) if scored else ()
+        with self._lock:
+            self._stats.calls += 1
+            self._stats.call_timeouts += status == "timeout"
+            self._stats.call_errors += status == "error"
+        item.future._set(
+            item.index, RewardResult(reward, status, None, seconds, detail, values, element_errors)
+        )
+
     def _hand_out(self) -> None:
         for w in list(self._workers):
             if not w.ready or w.item is not None:
@@ -420,11 +496,8 @@ class MathRewardPool:
                 item = self._pending.popleft()
             self._next_id += 1
             payload = {
+                **item.payload,
                 "id": self._next_id,
-                "gold": sanitize(item.gold, self.max_chars),
-                "response": sanitize(item.response, self.max_chars),
-                "format": item.answer_format,
-                "max_chars": self.max_chars,
                 "soft_deadline_s": self.soft_fraction * self.timeout_s,
             }
             w.item, w.item_id = item, self._next_id

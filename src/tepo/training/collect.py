@@ -16,7 +16,7 @@ from torch import Tensor
 from tepo.advantages import filter_groups
 from tepo.batch import concat_rollouts, select_rollout_rows
 from tepo.data import Problem, PromptStream, build_prompt_ids
-from tepo.rewards.functions import reward_columns
+from tepo.rewards.functions import score_responses
 from tepo.rewards.shaping import overlong_penalty
 from tepo.rollout.base import RolloutBatch
 
@@ -101,7 +101,11 @@ def collect_rollouts(
     ``reward_functions``: ``(name, weight)`` pairs (``tepo.rewards.functions``); the rewards are
     ``sum_k weight_k * reward_k`` (plus shaping), ``reward_components`` holds each ``reward_k`` as a column, and
     ``reward/<name>_mean`` each one's mean over the first round. The default, correctness with weight 1, gives the
-    correctness reward itself. Dynamic sampling still filters on correctness.
+    correctness reward itself. Dynamic sampling still filters on correctness. A function of the user's own
+    also logs ``reward/<name>_errors`` and ``reward/<name>_timeouts`` (responses that scored 0 for a failed
+    call, over every round). When the functions are the user's own and exclude correctness, math-verify is not
+    run and the weighted sum stands for correctness in ``reward_mean``, ``accuracy`` and dynamic sampling
+    (``tepo.rewards.functions``).
     """
     names = [name for name, _ in reward_functions]
     weights = torch.tensor([float(w) for _, w in reward_functions], dtype=torch.float32)
@@ -113,21 +117,21 @@ def collect_rollouts(
     for round_index in range(rounds):
         problems = stream.take(prompts)
         batch = sample(rollout, tokenizer, problems, settings, seed + round_index)
-        answers = [p.answer for p in problems for _ in range(g)]
         start = time.perf_counter()
-        verdicts = pool.score(batch.texts, answers)
+        scored = score_responses(pool, names, batch.texts, problems, g)
         stats["reward_seconds"] += time.perf_counter() - start
         stats["gen_seconds"] += batch.gen_seconds
         stats["gen_tokens"] += batch.num_generated_tokens
-        rewards = torch.tensor(
-            [v.reward for v in verdicts], dtype=torch.float32, device=batch.input_ids.device
-        )
-        components = torch.tensor(
-            reward_columns(names, batch.texts, [v.reward for v in verdicts]),
-            dtype=torch.float32,
-            device=rewards.device,
-        ).T
-        shaped = components @ weights.to(rewards.device)
+        device = batch.input_ids.device
+        components = torch.tensor(scored.columns, dtype=torch.float32, device=device).T
+        weighted = components @ weights.to(device)
+        verdicts = scored.verdicts
+        if verdicts is None:  # a task of the user's own: its functions' weighted sum stands for correctness
+            rewards, statuses = weighted, ["scored"] * len(weighted)
+        else:
+            rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float32, device=device)
+            statuses = [v.status for v in verdicts]
+        shaped = weighted
         if overlong is not None:
             penalty = overlong_penalty(
                 batch.response_lengths,
@@ -142,9 +146,12 @@ def collect_rollouts(
             first_rewards = rewards
             for name, column in zip(names, components.T):
                 stats[f"reward/{name}_mean"] = float(column.mean())
-        stats["reward_timeouts"] += sum(v.status == "timeout" for v in verdicts)
-        stats["reward_errors"] += sum(v.status == "error" for v in verdicts)
-        stats["no_answer"] += sum(v.status == "no_answer" for v in verdicts)
+        stats["reward_timeouts"] += statuses.count("timeout")
+        stats["reward_errors"] += statuses.count("error")
+        stats["no_answer"] += statuses.count("no_answer")
+        for name in scored.errors:
+            stats[f"reward/{name}_errors"] += scored.errors[name]
+            stats[f"reward/{name}_timeouts"] += scored.timeouts[name]
         stats["rounds"] += 1
         if dynamic_sampling:
             result = filter_groups(rewards, g)
@@ -155,13 +162,13 @@ def collect_rollouts(
                 kept_batches.append(select_rollout_rows(batch, keep_rows))
                 kept_rewards.append(shaped[keep_rows])
                 kept_components.append(components[keep_rows])
-                kept_status += [verdicts[i].status for i in keep_rows.tolist()]
+                kept_status += [statuses[i] for i in keep_rows.tolist()]
                 kept_problems += [problems[int(i) // g] for i in keep_rows[::g].tolist()]
         else:
             kept_batches.append(batch)
             kept_rewards.append(shaped)
             kept_components.append(components)
-            kept_status += [v.status for v in verdicts]
+            kept_status += statuses
             kept_problems += problems
         if sum(len(r) for r in kept_rewards) >= prompts * g:
             break

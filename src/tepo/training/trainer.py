@@ -40,7 +40,7 @@ from tepo.config import (
 from tepo.data import PromptStream
 from tepo.metrics import MetricsLog, read_metrics, truncate_metrics
 from tepo.precision import Precision, resolve_precision
-from tepo.rewards import MathRewardPool
+from tepo.rewards import MathRewardPool, user_reward_functions
 from tepo.rollout.base import RolloutError
 from tepo.training.collect import Collected
 from tepo.training.datasets import load_datasets
@@ -354,6 +354,7 @@ class Trainer:
                 num_workers=c.reward.num_workers,
                 timeout_s=c.reward.timeout_s,
                 answer_format=c.reward.answer_format,
+                functions=[f.for_pool() for f in user_reward_functions(c.reward.functions)],
             ) as pool:
                 self._pool = pool
                 doing = "the initial policy's held-out evaluation"

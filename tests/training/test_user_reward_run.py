@@ -1,0 +1,105 @@
+"""Reward functions of the user's own through the trainer: a bad entry is one ``tepo: error:`` line before any
+model loads, and the word-count example (examples/word_count: verl- and TRL-form functions on a non-math task)
+trains two real steps with ``gdpo``, which gets each function's rewards as its own column, and logs
+``reward/<name>_mean`` / ``_errors`` / ``_timeouts``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tepo.models
+import tepo.training.step
+from helpers import ROOT, small_run_overrides
+from tepo.cli import main
+from tepo.config import load_config
+from tepo.metrics import read_metrics
+from tepo.training import train
+
+EXAMPLE = "examples/word_count/config.yaml"
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the model loader was called before the bad reward function was refused")
+
+    monkeypatch.setattr(tepo.models, "load_model_and_tokenizer", forbidden)
+
+
+@pytest.mark.parametrize(
+    ("file", "entry", "needles"),
+    [
+        (
+            None,
+            "{path: no/such/file.py, name: f}",
+            ["reward.functions[1] (f: path no/such/file.py, name f)", "no such file"],
+        ),
+        ("def g(solution_str): return 1", "{path: PATH, name: f}", ["has no function 'f'"]),
+        ("def f(a, b): return 1", "{path: PATH, name: f, label: mine}", ["(mine: path", "fit neither form"]),
+        ("def f(solution_str):\n  return (", "{path: PATH, name: f}", ["syntax error in", "line 2"]),
+        (None, "{path: no_such_module_47, name: f}", ["cannot import module 'no_such_module_47'"]),
+        (None, "{path: x.py, name: f, label: format}", ["'format' is a built-in reward's name"]),
+    ],
+)
+def test_a_bad_reward_function_is_one_line_before_any_model_loads(
+    tmp_path, capsys, no_model, file, entry, needles
+):
+    path = tmp_path / "rewards.py"
+    if file is not None:
+        path.write_text(file)
+    functions = f"reward.functions=[{{name: correctness}}, {entry.replace('PATH', str(path))}]"
+    code = main(["train", "--output-dir", str(tmp_path / "runs"), "log.progress=false", functions])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("tepo: error:") == 1, err
+    line = next(line for line in err.splitlines() if "reward.functions" in line)
+    for needle in needles:
+        assert needle in line, f"{needle!r} not in {line!r}"
+
+
+def test_the_word_count_example_trains_with_gdpo_on_each_function(tmp_path, tiny_model_dir, monkeypatch):
+    """Two steps of the example's config (tiny model, 2 prompts x 3 samples): the estimator is handed one
+    column per function, equal to the rewards the step summed, and the log has each function's metrics."""
+    monkeypatch.chdir(ROOT)  # the example's paths are read from the repository root, as its README runs it
+    seen = []
+    real = tepo.training.step.compute_advantages
+
+    def recording(name, rewards, group_size, **tensors):
+        seen.append((name, rewards.clone(), tensors["reward_components"].clone(), tensors["reward_weights"]))
+        return real(name, rewards, group_size, **tensors)
+
+    monkeypatch.setattr(tepo.training.step, "compute_advantages", recording)
+    extra = ["train.steps=2", f"model.name={tiny_model_dir}", "eval.size=0", "algorithm.advantage=gdpo"]
+    config = load_config(EXAMPLE, small_run_overrides(tmp_path, *extra))
+    result = train(config, log=lambda *_: None)
+
+    assert [name for name, *_ in seen] == ["gdpo", "gdpo"]
+    for _, rewards, components, weights in seen:
+        assert components.shape == (6, 2) and weights.tolist() == [1.0, 0.25]
+        torch.testing.assert_close(rewards, components @ weights)  # the summed reward is of these columns
+        assert ((components[:, 1] == 0) | (components[:, 1] == 1)).all()  # mentions_topic is 0/1
+    rows = read_metrics(result.run_dir / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [1, 2]
+    for row, (_, _, components, _) in zip(rows, seen):
+        means = [row["reward/compute_score_mean"], row["reward/mentions_topic_mean"]]
+        assert means == pytest.approx(components.mean(0).tolist(), abs=1e-6)
+        # no correctness among the functions: reward/mean is their weighted sum, not math-verify's verdict
+        assert row["reward/mean"] == pytest.approx(means[0] + 0.25 * means[1], abs=1e-6)
+        for name in ("compute_score", "mentions_topic"):
+            assert row[f"reward/{name}_errors"] == 0 and row[f"reward/{name}_timeouts"] == 0
+        assert math.isfinite(row["update/loss"])
+
+
+def test_a_task_of_your_own_with_a_math_held_out_evaluation_gets_a_note(monkeypatch):
+    from tepo.config import config_warnings
+
+    monkeypatch.chdir(ROOT)
+    (note,) = config_warnings(load_config(EXAMPLE, ["eval.size=4"]))
+    assert "exclude correctness" in note and "eval.size=4" in note and "--reward-function" in note
+    assert config_warnings(load_config(EXAMPLE, [])) == []  # the example's own eval.size: 0
+    with_correctness = (
+        "reward.functions=[{name: correctness}, {path: examples/word_count/reward.py, name: compute_score}]"
+    )
+    assert config_warnings(load_config(EXAMPLE, ["eval.size=4", with_correctness])) == []
