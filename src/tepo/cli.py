@@ -65,24 +65,24 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _cmd_losses(_args) -> int:
+def _cmd_losses(args) -> int:
     from tepo.losses import describe_table
 
-    print(describe_table())
+    print(describe_table(markdown=args.markdown))
     return 0
 
 
-def _cmd_estimators(_args) -> int:
+def _cmd_estimators(args) -> int:
     from tepo.advantages import describe_table
 
-    print(describe_table())
+    print(describe_table(markdown=args.markdown))
     return 0
 
 
-def _cmd_presets(_args) -> int:
-    from tepo.config import list_presets
+def _cmd_presets(args) -> int:
+    from tepo.config.presets import presets_table
 
-    print("\n".join(list_presets()))
+    print(presets_table(markdown=args.markdown))
     return 0
 
 
@@ -143,9 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.set_defaults(func=_cmd_config_show)
 
-    sub.add_parser("losses", help="list the registered policy losses").set_defaults(func=_cmd_losses)
-    sub.add_parser("estimators", help="list the advantage estimators").set_defaults(func=_cmd_estimators)
-    sub.add_parser("presets", help="list the configuration presets").set_defaults(func=_cmd_presets)
+    listings = (
+        ("losses", "list the registered policy losses", _cmd_losses),
+        ("estimators", "list the advantage estimators", _cmd_estimators),
+        ("presets", "list the configuration presets", _cmd_presets),
+    )
+    for name, text, func in listings:
+        listing = sub.add_parser(name, help=text)
+        listing.add_argument("--markdown", action="store_true", help="as a Markdown table (the README's)")
+        listing.set_defaults(func=func)
     _register_optional(sub)
     for command in sub.choices.values():
         command.add_argument(
