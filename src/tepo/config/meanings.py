@@ -102,6 +102,7 @@ MEANINGS: dict[str, str] = {
     "eval.every": "also evaluate every N steps (0: only before and after training)",
     "eval.max_new_tokens": "longest held-out response; null: rollout.max_new_tokens",
     "eval.batch_prompts": "prompts per generate call; null: what keeps the backend busy",
+    "eval.pass_k_samples": "pass@k of the initial and trained policy from n samples per problem (0: off)",
     # log
     "log.tensorboard": "also write TensorBoard events (needs the tensorboard extra)",
     "log.wandb": "also log to Weights & Biases (needs the wandb extra)",

@@ -16,6 +16,7 @@ import time
 import torch
 
 from tepo.advantages import compute_advantages
+from tepo.advantages.filtering import all_equal_group_stats
 from tepo.lora import scoring
 from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
 from tepo.metrics.tokens import record_step_samples
@@ -117,6 +118,8 @@ def train_step(parts: StepParts, plan: StepPlan, pool, step: int, collected: Col
         reward_weights=torch.tensor(weights, device=parts.device),
         **c.algorithm.advantage_options,
     )
+    # Whether the estimator gives a gradient to groups whose rewards are all equal (EP-GRPO's fallback; 0 for GRPO).
+    row.update(all_equal_group_stats(rewards, advantages, mask, c.rollout.group_size))
 
     # 5. The loss mask, and the off-policy correction of the sampler/trainer gap, computed once per step: importance
     #    weights (and dropped tokens) from the old-policy pass, or, when there is none, per micro-batch from the
