@@ -13,7 +13,10 @@ from loss_cases import registered_loss_metrics
 from tepo.losses import POLICY_LOSSES
 from tepo.metrics.names import GROUPS, NAMES, PATTERNS, metric_name
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "metrics.md"
+# A grouped name built in the code from a variable (f"reward/{name}_mean"): one name per item of a config list.
+FORMATTED = re.compile(r"""f["']((?:""" + "|".join(GROUPS) + r""")/[^"'{}]*\{[^}]+\}[^"']*)["']""")
 
 
 def _rows() -> list[tuple[str, str, list[str]]]:
@@ -33,6 +36,19 @@ def _rows() -> list[tuple[str, str, list[str]]]:
 def _loggable() -> set[str]:
     loss_names = {metric_name(k) for name in POLICY_LOSSES for k in registered_loss_metrics(name)}
     return set(NAMES.values()) | set(PATTERNS) | loss_names
+
+
+def test_every_name_the_code_formats_is_a_declared_pattern():
+    """A name such as f"reward/{name}_mean" is in tepo.metrics.names.PATTERNS (as reward/<name>_mean), so the page
+    test below covers it."""
+    formatted = set()
+    for path in (ROOT / "src" / "tepo").rglob("*.py"):
+        for name in FORMATTED.findall(path.read_text(encoding="utf-8")):
+            formatted.add(re.sub(r"\{[^}]+\}", "<name>", name))
+    assert "reward/<name>_mean" in formatted  # the scan still finds what it looks for
+    assert sorted(formatted - set(PATTERNS)) == [], (
+        "add these to tepo.metrics.names.PATTERNS and docs/metrics.md"
+    )
 
 
 def test_every_loggable_name_is_documented():
