@@ -2,7 +2,7 @@
 
 tepo train [--config PRESET_OR_YAML] [key=value ...]     train (no arguments: the embedded default)
 tepo train --resume RUN_DIR [key=value ...]              continue a run from its last intact checkpoint
-tepo losses, tepo estimators, tepo presets [--markdown]    what is registered
+tepo losses, tepo estimators, tepo presets [--markdown]  what is registered (Markdown: the README's)
 tepo config show [PRESET_OR_YAML] [key=value ...]        the resolved configuration, every key explained
 tepo env [--json] [--bench]                              versions, hardware, what tepo picks here
 """
@@ -130,19 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_train)
 
-    config = sub.add_parser("config", help="show the resolved configuration, every key with its meaning")
-    show = config.add_subparsers(dest="config_command", required=True).add_parser(
-        "show",
-        help="print a preset or YAML file, with overrides, as commented YAML (tepo train --config reads it)",
-    )
-    show.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="[PRESET_OR_YAML] [key=value ...]",
-        help="a preset name or YAML path (default: the embedded default), then dotted overrides",
-    )
-    show.set_defaults(func=_cmd_config_show)
-
+    _add_config_command(sub)
     listings = (
         ("losses", "list the registered policy losses", _cmd_losses),
         ("estimators", "list the advantage estimators", _cmd_estimators),
@@ -160,6 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
             help="show the Python traceback of an error (without it an error is one line)",
         )
     return parser
+
+
+def _add_config_command(sub) -> None:
+    """``tepo config show [PRESET_OR_YAML] [key=value ...]``."""
+    config = sub.add_parser("config", help="show the resolved configuration, every key with its meaning")
+    show = config.add_subparsers(dest="config_command", required=True).add_parser(
+        "show",
+        help="print a preset or YAML file, with overrides, as commented YAML (tepo train --config reads it)",
+    )
+    show.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="[PRESET_OR_YAML] [key=value ...]",
+        help="a preset name or YAML path (default: the embedded default), then dotted overrides",
+    )
+    show.set_defaults(func=_cmd_config_show)
 
 
 def _register_optional(sub) -> None:
