@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from tepo.losses import compute_policy_loss, mini_batch_stats
+from tepo.losses import POLICY_LOSSES, compute_policy_loss, mini_batch_stats
 
 E = math.exp
 NAN = float("nan")
@@ -115,3 +115,35 @@ def stats_of(name, batch, *extra, **options):
     keys named in ``extra``."""
     keys = ("logp", "old_logp", "advantages", "mask", *extra)
     return mini_batch_stats(name, **{key: batch[key] for key in keys}, **options)
+
+
+def metric_loss_inputs(n: int = 4, t: int = 5) -> dict:
+    """A float32 batch with every optional tensor a loss may read (reference, entropies, sampler log-probs)."""
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(n, t, generator=g) - 0.1
+    return {
+        "logp": logp.clone().requires_grad_(True),
+        "old_logp": logp + 0.05 * torch.randn(n, t, generator=g),
+        "advantages": torch.randn(n, generator=g),
+        "mask": torch.ones(n, t),
+        "ref_logp": logp + 0.1,
+        "entropy": torch.rand(n, t, generator=g),
+        "old_entropy": torch.rand(n, t, generator=g),
+        "rollout_logp": logp - 0.02,
+    }
+
+
+def registered_loss_metrics(name: str) -> dict:
+    """The metrics loss ``name`` returns with its regularizers on (entropy, KL, and TEPO v2's mask where the loss
+    takes it): every metric name a run with that loss can log from the loss."""
+    spec = POLICY_LOSSES[name]
+    inputs = metric_loss_inputs()
+    options = {"entropy_coef": 0.01, "kl_coef": 0.01}
+    if spec.needs_batch_stats:
+        kept = ("logp", "old_logp", "advantages", "mask", "entropy", "rollout_logp")
+        options["batch_stats"] = mini_batch_stats(name, **{k: inputs[k] for k in kept})
+    try:
+        _, metrics = compute_policy_loss(name, **inputs, tepo_kl_mask_coef=0.1, **options)
+    except ValueError:  # the KL mask applies to some losses only
+        _, metrics = compute_policy_loss(name, **inputs, **options)
+    return metrics

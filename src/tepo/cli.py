@@ -2,7 +2,8 @@
 
 tepo train [--config PRESET_OR_YAML] [key=value ...]     train (no arguments: the embedded default)
 tepo train --resume RUN_DIR [key=value ...]              continue a run from its last intact checkpoint
-tepo losses | estimators | presets                       what is registered
+tepo losses, tepo estimators, tepo presets [--markdown]  what is registered (Markdown: the README's)
+tepo config show [PRESET_OR_YAML] [key=value ...]        the resolved configuration, every key explained
 tepo env [--json] [--bench]                              versions, hardware, what tepo picks here
 """
 
@@ -64,24 +65,39 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
-def _cmd_losses(_args) -> int:
+def _cmd_losses(args) -> int:
     from tepo.losses import describe_table
 
-    print(describe_table())
+    print(describe_table(markdown=args.markdown))
     return 0
 
 
-def _cmd_estimators(_args) -> int:
+def _cmd_estimators(args) -> int:
     from tepo.advantages import describe_table
 
-    print(describe_table())
+    print(describe_table(markdown=args.markdown))
     return 0
 
 
-def _cmd_presets(_args) -> int:
-    from tepo.config import list_presets
+def _cmd_presets(args) -> int:
+    from tepo.config.presets import presets_table
 
-    print("\n".join(list_presets()))
+    print(presets_table(markdown=args.markdown))
+    return 0
+
+
+def _cmd_config_show(args) -> int:
+    from tepo.config import load_config
+    from tepo.config.reference import show_config
+
+    # The first item without "=" is the preset or YAML file; the rest are overrides (as `tepo train` takes them).
+    items = list(args.overrides)
+    source = items.pop(0) if items and "=" not in items[0] else None
+    config = load_config(source, items)
+    for note in getattr(config, "renamed_key_notes", []):
+        print(f"note: {note}", file=sys.stderr)
+    title = " ".join([source or "default", *items])
+    print(show_config(config, title=title), end="")
     return 0
 
 
@@ -90,9 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser(
-        "train", help="train a policy (no arguments: the embedded default, a few minutes on CPU)"
+        "train",
+        help="train a policy (no arguments: the embedded default, a few minutes on CPU)",
+        epilog="Every configuration key, its meaning and its default: `tepo config show [PRESET_OR_YAML] "
+        "[key=value ...]` prints the resolved configuration as YAML, ready to save, edit and pass to --config.",
     )
-    p.add_argument("--config", help="preset name (see `tepo presets`) or YAML path")
+    p.add_argument(
+        "--config",
+        help="preset name (see `tepo presets`) or YAML path (e.g. one saved from `tepo config show`)",
+    )
     p.add_argument("--resume", metavar="RUN_DIR", help="continue this run from its last intact checkpoint")
     p.add_argument(
         "--model", help="Hugging Face causal LM name or local path (default: embedded SmolLM2-135M)"
@@ -101,13 +123,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-dir", help="where run directories are created (default: runs)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     p.add_argument(
-        "overrides", nargs="*", metavar="key=value", help="e.g. algorithm.loss=grpo train.steps=20"
+        "overrides",
+        nargs="*",
+        metavar="key=value",
+        help="e.g. algorithm.loss=grpo train.steps=20 (every key: `tepo config show`)",
     )
     p.set_defaults(func=_cmd_train)
 
-    sub.add_parser("losses", help="list the registered policy losses").set_defaults(func=_cmd_losses)
-    sub.add_parser("estimators", help="list the advantage estimators").set_defaults(func=_cmd_estimators)
-    sub.add_parser("presets", help="list the configuration presets").set_defaults(func=_cmd_presets)
+    _add_config_command(sub)
+    listings = (
+        ("losses", "list the registered policy losses", _cmd_losses),
+        ("estimators", "list the advantage estimators", _cmd_estimators),
+        ("presets", "list the configuration presets", _cmd_presets),
+    )
+    for name, text, func in listings:
+        listing = sub.add_parser(name, help=text)
+        listing.add_argument("--markdown", action="store_true", help="as a Markdown table (the README's)")
+        listing.set_defaults(func=func)
     _register_optional(sub)
     for command in sub.choices.values():
         command.add_argument(
@@ -116,6 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
             help="show the Python traceback of an error (without it an error is one line)",
         )
     return parser
+
+
+def _add_config_command(sub) -> None:
+    """``tepo config show [PRESET_OR_YAML] [key=value ...]``."""
+    config = sub.add_parser("config", help="show the resolved configuration, every key with its meaning")
+    show = config.add_subparsers(dest="config_command", required=True).add_parser(
+        "show",
+        help="print a preset or YAML file, with overrides, as commented YAML (tepo train --config reads it)",
+    )
+    show.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="[PRESET_OR_YAML] [key=value ...]",
+        help="a preset name or YAML path (default: the embedded default), then dotted overrides",
+    )
+    show.set_defaults(func=_cmd_config_show)
 
 
 def _register_optional(sub) -> None:

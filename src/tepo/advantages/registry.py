@@ -235,8 +235,8 @@ def describe() -> list[dict[str, Any]]:
     ]
 
 
-def describe_table() -> str:
-    """`describe()` as a plain-text table (what ``tepo estimators`` prints)."""
+def describe_table(*, markdown: bool = False) -> str:
+    """`describe()` as a plain-text table (what ``tepo estimators`` prints), or a Markdown one (``--markdown``)."""
     header = ("name", "level", "needs", "defaults", "paper")
     lines = [
         (
@@ -248,6 +248,10 @@ def describe_table() -> str:
         )
         for r in describe()
     ]
+    if markdown:
+        from tepo.metrics.tables import text_table
+
+        return text_table(header, lines, markdown=True)
     widths = [max(len(row[c]) for row in [header, *lines]) for c in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return "\n".join(fmt.format(*row).rstrip() for row in [header, *lines])

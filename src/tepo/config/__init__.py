@@ -10,7 +10,9 @@ One job per module:
 - :mod:`tepo.config.schema`: the dataclasses, their defaults and what each field does;
 - :mod:`tepo.config.loading`: presets, overrides, renamed keys, coercion, ``config.yaml`` writing;
 - :mod:`tepo.config.checks`: :func:`validate`, the cross-field rules and trial calls of the loss and estimator;
-- :mod:`tepo.config.questions`: what a run asks of its config (loss options, reference model, start-up notes).
+- :mod:`tepo.config.questions`: what a run asks of its config (loss options, reference model, start-up notes);
+- :mod:`tepo.config.meanings`: every key's one-line meaning;
+- :mod:`tepo.config.reference`: ``tepo config show``, a resolved config as YAML with each key's meaning and default.
 
 Everything users imported from ``tepo.config`` before the split is importable from here as it was.
 """

@@ -47,7 +47,7 @@ class ModelConfig:
     # The weights' dtype. float32 (the default): float32 master weights, bf16 only inside autocast, the same on every
     # device. bfloat16: weights, gradients and AdamW moments in bf16, half the memory, for models that do not fit
     # otherwise; NOT exact (updates smaller than a bf16 step of a weight are lost) and not comparable with float32
-    # runs. Refused on the CPU (docs: README "On a GPU").
+    # runs. Refused on the CPU (docs/gpu.md).
     dtype: str = "float32"
 
 

@@ -159,8 +159,10 @@ def _fmt_default(value: Any) -> str:
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def describe_table() -> str:
-    """`describe()` as a plain-text table (what ``tepo losses`` prints)."""
+def describe_table(*, markdown: bool = False) -> str:
+    """`describe()` as a plain-text table (what ``tepo losses`` prints), or a Markdown one (``--markdown``)."""
+    from tepo.metrics.tables import text_table
+
     header = ("name", "default agg", "defaults", "paper")
     rows = [
         (
@@ -171,7 +173,4 @@ def describe_table() -> str:
         )
         for row in describe()
     ]
-    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return text_table(header, rows, markdown=markdown)

@@ -193,3 +193,8 @@ def unplaced(keys) -> list[str]:
     """The keys among ``keys`` that the table does not place: neither ``step``, nor a flat name of the table, nor
     already grouped (a ``/`` in the name). A test asserts that a training step returns none."""
     return [k for k in keys if k != STEP and k not in NAMES and "/" not in k]
+
+
+#: names logged once per item of a list in the config, ``<name>`` standing for the item's name: each function of
+#: ``reward.functions`` (``reward/correctness_mean``, ``reward/format_mean``, a reward file's function name)
+PATTERNS: tuple[str, ...] = ("reward/<name>_mean",)

@@ -24,3 +24,19 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence], *, markdown: 
     out = [line(list(headers)), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
     out += [line(r) for r in cells]
     return "\n".join(out)
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, markdown: bool = False) -> str:
+    """Rows of strings as a plain-text table (columns aligned, a dashed line under the header) or, with
+    ``markdown``, as a Markdown one (a ``|`` inside a cell escaped). The CLI's listings print one or the other
+    (``tepo losses --markdown``), and the README holds the Markdown one, so the two cannot disagree."""
+    if markdown:  # unpadded: a README's source stays readable where one long cell would widen a whole column
+
+        def line(cells: Sequence[str]) -> str:
+            return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
+
+        return "\n".join([line(headers), "|" + "---|" * len(headers), *(line(row) for row in rows)])
+    widths = [max(len(r[c]) for r in [headers, *rows]) for c in range(len(headers))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [headers, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
