@@ -197,4 +197,4 @@ def unplaced(keys) -> list[str]:
 
 #: names logged once per item of a list in the config, ``<name>`` standing for the item's name: each function of
 #: ``reward.functions`` (``reward/correctness_mean``, ``reward/format_mean``, a reward file's function name)
-PATTERNS: tuple[str, ...] = ("reward/<name>_mean",)
+PATTERNS: tuple[str, ...] = ("reward/<name>_mean", "reward/<name>_errors", "reward/<name>_timeouts")
