@@ -15,7 +15,7 @@ from tepo.advantages._common import check_nonnegative, grouped, token_input, tok
 from tepo.advantages.registry import register_advantage_estimator
 from tepo.advantages.token_level import _base_advantages, _base_requires, _masked_zscore
 
-# The z-scores' denominators are std + _Z_EPS (ALGORITHMS.md: "+ 1e-6"); not an option.
+# The z-scores' denominators are std + _Z_EPS ("+ 1e-6", docs/algorithms.md#ep_grpo); not an option.
 _Z_EPS = 1e-6
 # A response whose summed entropy is at most this has no entropy to measure progress by: positional buckets.
 _NO_ENTROPY = 1e-12
@@ -101,7 +101,7 @@ def bucket_normalised_progress(
     requires=_ep_grpo_requires,
     group_relative=True,
     token_level=True,
-    paper="EP-GRPO 2605.04960 (reading in ALGORITHMS.md)",
+    paper="EP-GRPO 2605.04960 (our reading: docs/algorithms.md)",
 )
 def ep_grpo_advantages(
     rewards: Tensor,
@@ -122,7 +122,7 @@ def ep_grpo_advantages(
 ) -> Tensor:
     r"""Entropy-Progress Aligned GRPO token advantage (EP-GRPO, 2605.04960). OUR READING.
 
-    The method section is not public; ALGORITHMS.md fixes a reading of every part and docs/algorithms.md#ep_grpo
+    The method section is not public; the project fixes a reading of every part, and docs/algorithms.md#ep_grpo
     lists the open points and the choices. For each group of G responses:
 
     .. math::
