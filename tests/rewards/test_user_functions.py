@@ -159,8 +159,9 @@ def test_a_hanging_function_times_out_scores_zero_and_the_pool_goes_on(pool):
     elapsed = time.perf_counter() - start
     assert got.columns == [[0.0, 1.0, 0.0, 1.0], [0.0, 1.0, 0.0, 1.0]]
     assert got.timeouts == {"sleeps": 2, "spins": 2} and got.errors == {"sleeps": 0, "spins": 0}
-    # 4 hanging calls on 2 workers: two rounds of at most the hard deadline, plus a worker start-up each
-    assert elapsed < 4 * TIMEOUT_S + 20, elapsed
+    # 4 hanging calls on 2 workers: two rounds of at most the hard deadline, plus a worker start-up each. The
+    # bound only tells "returned" from "hung" (a hang never returns): generous, since a loaded machine took 28 s.
+    assert elapsed < 4 * TIMEOUT_S + 120, elapsed
     after = pool.stats
     assert after.call_timeouts - before.call_timeouts == 4
     assert after.hard_timeouts - before.hard_timeouts >= 2  # "spins" survives the soft deadline: killed
