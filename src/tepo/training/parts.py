@@ -19,9 +19,8 @@ from tepo.data import PromptStream
 from tepo.training.collect import OverlongShaping, SamplerSettings
 from tepo.training.logprob_pass import LogprobSettings
 from tepo.training.micro_batches import resolve_micro_batch_tokens
-from tepo.training.plan import StepPlan
+from tepo.training.plan import StepPlan, UpdatePlan, UpdateSettings
 from tepo.training.schedule import updates_per_step
-from tepo.training.update import UpdatePlan, UpdateSettings
 
 
 @dataclass(frozen=True)
