@@ -58,12 +58,15 @@ def test_builtin_declarations():
     assert estimator_requires("entropy_adv") == {"entropy", "mask"}
     assert estimator_requires("erpo") == {"entropy", "mask", "logp", "ref_logp"}
     assert estimator_requires("erpo", {"progress_baseline": "old"}) == {"entropy", "mask", "logp", "old_logp"}
+    assert estimator_requires("ep_grpo") == {"entropy", "mask", "old_logp", "ref_logp"}
     assert all(
-        ADVANTAGE_ESTIMATORS[n].group_relative for n in ("grpo", "dr_grpo", "rloo", "entropy_adv", "erpo")
+        ADVANTAGE_ESTIMATORS[n].group_relative
+        for n in ("grpo", "dr_grpo", "rloo", "entropy_adv", "erpo", "ep_grpo")
     )
     assert [n for n, e in ADVANTAGE_ESTIMATORS.items() if e.token_level] == [
         "entropy_adv",
         "erpo",
+        "ep_grpo",
         "reinforce_plus_plus",
         "optimal_token_baseline",
         "tir_optimal_token_baseline",

@@ -38,6 +38,7 @@ def test_a_single_on_policy_update_without_correction_runs_no_extra_pass():
         ["train.prompts_per_step=4", "train.mini_batch_prompts=2"],  # two updates per step
         ["algorithm.advantage=entropy_adv"],  # the estimator reads the pre-update entropy
         ["algorithm.advantage=erpo"],  # ... and logp
+        ["algorithm.advantage=ep_grpo"],  # ... and old_logp
         ["algorithm.loss=clip_cov"],  # mini-batch statistics of the pre-update policy
         ["algorithm.rollout_correction=mis"],  # drops tokens: known before the token counts
         ["algorithm.rollout_correction=seq_k3"],
@@ -78,6 +79,11 @@ def test_auto_correction_follows_the_backend():
         ([], False),
         (["algorithm.kl_coef=0.01"], True),  # the KL penalty
         (["algorithm.advantage=erpo"], True),  # a reference-based estimator
+        (
+            ["algorithm.advantage=ep_grpo", "algorithm.kl_coef=0"],
+            True,
+        ),  # its progress term, with no KL penalty
+        (["algorithm.advantage=ep_grpo", "model.lora.rank=8"], True),  # LoRA: the adapter-off model
     ],
 )
 def test_the_reference_model_is_kept_where_something_reads_it(overrides, expected):

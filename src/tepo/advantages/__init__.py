@@ -19,11 +19,13 @@ Reference: docs/algorithms.md, sections "Advantage estimators" and "Group filter
 # isort: off
 # Importing these modules registers the built-in estimators, in the order of docs/algorithms.md.
 from tepo.advantages import group, token_level  # noqa: F401
+from tepo.advantages import ep_grpo  # noqa: F401  (after ERPO, the papers' order)
 from tepo.advantages import group_baselines  # noqa: F401  (after the TEPO papers' estimators)
 from tepo.advantages import frameworks  # noqa: F401  (verl's other estimators, issue #39)
 
 # isort: on
 from tepo.advantages.compute import compute_advantages
+from tepo.advantages.ep_grpo import ep_grpo_advantages
 from tepo.advantages.filtering import GroupFilterResult, filter_groups, select_rows
 from tepo.advantages.group import dr_grpo_advantages, grpo_advantages, rloo_advantages
 from tepo.advantages.group_baselines import grpo_batch_std_advantages, maxrl_advantages, opo_advantages
@@ -50,6 +52,7 @@ __all__ = [
     "describe_table",
     "dr_grpo_advantages",
     "entropy_advantages",
+    "ep_grpo_advantages",
     "erpo_advantages",
     "estimator_requires",
     "filter_groups",
