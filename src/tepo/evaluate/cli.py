@@ -262,7 +262,7 @@ def run_eval(args) -> int:
     output_dir = None
     try:
         tasks = build_tasks(args)  # data problems surface before the model loads
-        from tepo.config import HfRolloutConfig, RolloutConfig, VllmConfig
+        from tepo.config import HfRolloutConfig, ParityConfig, RolloutConfig, VllmConfig
         from tepo.evaluate.loading import describe_model, load_eval_model
         from tepo.evaluate.runner import evaluate_benchmarks, results_table
         from tepo.rollout import make_rollout_from_config
@@ -286,6 +286,7 @@ def run_eval(args) -> int:
             # A vLLM engine computes in the model's --dtype too (float32 on CPU unless --dtype bfloat16, which
             # vLLM's CPU build runs about 2x faster).
             vllm=VllmConfig(dtype=str(dtype).removeprefix("torch.")),
+            parity=ParityConfig(check=False),  # the weights never change here: no sync to check
         )
         output_dir.mkdir(parents=True, exist_ok=True)
         backend = make_rollout_from_config(

@@ -95,8 +95,8 @@ def collect_rollouts(
 
     With ``overlong`` shaping the returned rewards are correctness plus the length penalty, while dynamic
     sampling still keeps or drops a group by its correctness rewards (verl's DAPO filters on ``acc``): a group
-    that is all wrong stays uninformative about correctness however its lengths differ. ``reward_mean`` and
-    ``accuracy`` stay correctness, so runs with and without shaping compare on the same scale.
+    that is all wrong stays uninformative about correctness however its lengths differ. ``reward/mean`` and
+    ``reward/accuracy`` stay correctness, so runs with and without shaping compare on the same scale.
 
     ``reward_functions``: ``(name, weight)`` pairs (``tepo.rewards.functions``); the rewards are
     ``sum_k weight_k * reward_k`` (plus shaping), ``reward_components`` holds each ``reward_k`` as a column, and
@@ -118,10 +118,10 @@ def collect_rollouts(
             first_rewards = scored.rewards
             for name, column in zip(names, scored.components.T):
                 stats[f"reward/{name}_mean"] = float(column.mean())
-        stats["reward_timeouts"] += scored.statuses.count("timeout")
-        stats["reward_errors"] += scored.statuses.count("error")
-        stats["no_answer"] += scored.statuses.count("no_answer")
-        stats["rounds"] += 1
+        stats["reward/timeouts"] += scored.statuses.count("timeout")
+        stats["reward/errors"] += scored.statuses.count("error")
+        stats["reward/no_answer"] += scored.statuses.count("no_answer")
+        stats["rollout/rounds"] += 1
         if dynamic_sampling:
             _keep_varied_groups(kept, batch, problems, scored, g, stats)
         else:
@@ -152,9 +152,9 @@ def _score_round(
     answers = [p.answer for p in problems for _ in range(g)]
     start = time.perf_counter()
     verdicts = pool.score(batch.texts, answers)
-    stats["reward_seconds"] += time.perf_counter() - start
-    stats["gen_seconds"] += batch.gen_seconds
-    stats["gen_tokens"] += batch.num_generated_tokens
+    stats["time/reward_seconds"] += time.perf_counter() - start
+    stats["time/gen_seconds"] += batch.gen_seconds
+    stats["rollout/gen_tokens"] += batch.num_generated_tokens
     rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float32, device=batch.input_ids.device)
     components = torch.tensor(
         reward_columns(names, batch.texts, [v.reward for v in verdicts]),
@@ -224,8 +224,8 @@ def _keep_varied_groups(
 ) -> None:
     """Dynamic sampling: keep the round's groups whose correctness rewards differ, count the dropped ones."""
     result = filter_groups(scored.rewards, g)
-    stats["groups_total"] += result.metrics["groups_total"]
-    stats["groups_dropped"] += result.metrics["groups_total"] - result.metrics["groups_kept"]
+    stats["rollout/groups_total"] += result.metrics["groups_total"]
+    stats["rollout/groups_dropped"] += result.metrics["groups_total"] - result.metrics["groups_kept"]
     keep_rows = result.keep_mask.nonzero().squeeze(1)
     if not len(keep_rows):
         return
@@ -240,13 +240,17 @@ def _first_round_summary(first_rewards: Tensor, stats: dict, overlong) -> dict:
     """The reward metrics of the first round (later rounds are a biased refill), the mean overlong penalty over
     every round, and the share of groups dynamic sampling dropped."""
     out = {
-        "reward_mean": float(first_rewards.mean()),
-        "reward_std": float(first_rewards.std()) if len(first_rewards) > 1 else 0.0,
-        "accuracy": float((first_rewards > 0.5).float().mean()),
+        "reward/mean": float(first_rewards.mean()),
+        "reward/std": float(first_rewards.std()) if len(first_rewards) > 1 else 0.0,
+        "reward/accuracy": float((first_rewards > 0.5).float().mean()),
     }
     if overlong is not None:
-        out["overlong_penalty_mean"] = stats.pop("overlong_penalty_sum") / stats.pop("overlong_penalty_rows")
-    out["frac_groups_dropped"] = (
-        stats["groups_dropped"] / stats["groups_total"] if stats["groups_total"] else 0.0
+        out["reward/overlong_penalty_mean"] = stats.pop("overlong_penalty_sum") / stats.pop(
+            "overlong_penalty_rows"
+        )
+    out["rollout/frac_groups_dropped"] = (
+        stats["rollout/groups_dropped"] / stats["rollout/groups_total"]
+        if stats["rollout/groups_total"]
+        else 0.0
     )
     return out

@@ -28,6 +28,7 @@ from tepo.losses.rollout_correction import (
     rollout_correction_metrics,
     rollout_correction_tokens,
 )
+from tepo.metrics.names import in_group
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, held_attention, release_free_heap, rows_logprobs
 from tepo.training.micro_batches import RowLengths, split_rows
@@ -265,14 +266,15 @@ class _UpdateTotals:
     def result(self, batch: RolloutBatch) -> dict:
         """The metrics :func:`update_policy` returns (see there)."""
         sums, counts, norms = self.sums, self.counts, self.grad_norms
-        out = {key: sums[key] / counts[key] for key in counts if counts[key] > 0}
-        out["loss"] = sums["loss"] / max(self.updates, 1)
-        out["grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
-        out["grad_norm_max"] = max(norms) if norms else float("nan")
-        out["optimizer_updates"] = self.updates
-        out["skipped_updates"] = self.skipped
+        # The loss's metrics by the names the loss gives them, in the update's group (update/clip_frac_high).
+        out = in_group("update", {key: sums[key] / counts[key] for key in counts if counts[key] > 0})
+        out["update/loss"] = sums["loss"] / max(self.updates, 1)
+        out["update/grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
+        out["update/grad_norm_max"] = max(norms) if norms else float("nan")
+        out["update/optimizer_updates"] = self.updates
+        out["update/skipped_updates"] = self.skipped
         if self.computed_tokens:
-            out["update_padding_share"] = 1.0 - self.real_tokens / self.computed_tokens
+            out["update/padding_share"] = 1.0 - self.real_tokens / self.computed_tokens
         if self.correction is not None:
             out["correction_metrics"] = rollout_correction_metrics(self.correction, batch.response_mask)
         out["token_entropy"] = self.token_entropy
@@ -291,8 +293,10 @@ def update_policy(
     generator: torch.Generator,
     after_optimizer_step: Callable[[], None] = lambda: None,
 ) -> dict:
-    """Run every optimizer update of one step; returns averaged loss metrics, ``update_padding_share`` (the share
-    of the tokens the update's forward passes computed that were padding) and, as ``token_entropy`` and
+    """Run every optimizer update of one step; returns its metrics, named in the ``update/`` group (the loss's,
+    token-weighted over the applied micro-batches; ``update/grad_norm``, ``update/optimizer_updates``,
+    ``update/skipped_updates``; ``update/padding_share``: the share of the tokens the update's forward passes
+    computed that were padding) and, as ``token_entropy`` and
     ``token_logp``, the epoch-0 (pre-update) policy's per-token entropy and log-probs ``[N, T]``; with
     ``plan.correction``, ``correction_metrics``: the metrics of the weights it computed, over the whole batch.
 
