@@ -19,6 +19,7 @@ from tepo.compare.runner import (
     plan_comparison,
     run_comparison,
     run_state,
+    write_plan,
 )
 from tepo.compare.stats import bootstrap_interval
 from tepo.compare.table import build_table, render_markdown, render_terminal, steps_to_threshold, write_table
@@ -207,6 +208,40 @@ def test_table_benchmarks_and_average(tmp_path):
     assert a["avg"]["best"]
 
 
+def _add_pass_at_k(run_dir: Path, before: dict, after: dict) -> None:
+    """What eval.pass_k_samples adds: eval_pass@k in eval_before.json and in the summary's before/after."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["before"] |= before
+    summary["after"] |= after
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    (run_dir / "eval_before.json").write_text(json.dumps(summary["before"]))
+
+
+def test_pass_at_k_columns_for_the_runs_that_have_them(comparison):
+    # grpo seeds 0 and 1 scored pass@k (n = 2), seed 2 and tepo did not (runs made before the option).
+    for seed, (p1, p2) in enumerate([(0.3, 0.5), (0.4, 0.7)]):
+        _add_pass_at_k(
+            comparison / "grpo" / f"seed{seed}",
+            {"eval_pass@1": 0.1, "eval_pass@2": 0.2},
+            {"eval_pass@1": p1, "eval_pass@2": p2},
+        )
+    table = build_table(discover_runs(comparison), threshold=0.25)
+    keys = [c["key"] for c in table["columns"]]
+    assert keys.index("pass@1") + 1 == keys.index("pass@2")
+    rows = {r["method"]: r["cells"] for r in table["rows"]}
+    assert rows["grpo"]["pass@2"]["values"] == [0.5, 0.7] and rows["grpo"]["pass@2"]["of"] == 3
+    assert rows["grpo"]["pass@1"]["mean"] == pytest.approx(0.35)
+    assert rows["tepo"]["pass@1"]["n"] == 0 and rows["tepo"]["pass@1"]["mean"] is None
+    assert table["initial"]["cells"]["pass@2"]["mean"] == pytest.approx(0.2)  # seed 0's initial policy
+    md = render_markdown(table)
+    assert "pass@1" in md.splitlines()[0] and "**0.350** [0.300, 0.400]" in md  # the only one: best
+
+
+def test_no_pass_at_k_column_without_pass_at_k(comparison):
+    keys = [c["key"] for c in build_table(discover_runs(comparison), threshold=0.25)["columns"]]
+    assert not [k for k in keys if k.startswith("pass@")]
+
+
 def test_steps_to_threshold_window_and_never():
     rows = [
         {"step": 1, "reward/mean": 0.9, "time/step_seconds": 5},
@@ -290,6 +325,55 @@ def test_finished_runs_are_reused_without_training(tmp_path):
     assert [o.action for o in outcomes] == ["reused"] * 4
     assert (tmp_path / "comparison.json").exists()
     assert json.loads((tmp_path / "comparison.json").read_text())["methods"] == ["grpo", "tepo"]
+
+
+def test_a_run_finished_without_pass_at_k_is_reused_by_a_plan_that_asks_for_it(tmp_path):
+    # eval.pass_k_samples adds measures at the start and the end only: the committed seeds stay the same runs.
+    old = plan_comparison(tmp_path, ["grpo"], [0], overrides=["train.steps=2"])
+    _finish(old.runs[0])
+    plan = plan_comparison(tmp_path, ["grpo"], [0], overrides=["train.steps=2", "eval.pass_k_samples=8"])
+    assert plan.runs[0].config.eval.pass_k_samples == 8
+    outcomes = run_comparison(plan, train_fn=_never, resume_fn=_never, log=lambda *a: None)
+    assert [o.action for o in outcomes] == ["reused"]
+
+
+def test_a_study_grows_by_seeds_and_methods_and_its_table_keeps_every_run(tmp_path):
+    # Seeds 0-1 of grpo and tepo, then seed 2 of grpo and a new method (with pass@k on): one plan, every run.
+    first = plan_comparison(tmp_path, ["grpo", "tepo"], [0, 1], overrides=["train.steps=2"])
+    for spec in first.runs:
+        _finish(spec)
+    run_comparison(first, train_fn=_never, resume_fn=_never, log=lambda *a: None)
+    more = plan_comparison(
+        tmp_path, ["grpo", "dapo"], [2], overrides=["train.steps=2", "eval.pass_k_samples=8"]
+    )
+    run_comparison(more, train_fn=lambda config, run_dir: _finish(next(r for r in more.runs if r.run_dir == run_dir)),
+                   resume_fn=_never, log=lambda *a: None)  # fmt: skip
+    plan = json.loads((tmp_path / "comparison.json").read_text())
+    assert plan["methods"] == ["grpo", "tepo", "dapo"] and plan["seeds"] == [0, 1, 2]
+    assert plan["earlier_plans"] == [
+        {
+            "base_config": "compare_default",
+            "overrides": ["train.steps=2"],
+            "methods": ["grpo", "tepo"],
+            "seeds": [0, 1],
+        }
+    ]
+    assert sorted(plan["prompt_digests"]) == ["0", "1", "2"]
+    runs = discover_runs(tmp_path)
+    assert {m: sorted(s) for m, s in runs.items()} == {"grpo": [0, 1, 2], "tepo": [0, 1], "dapo": [2]}
+    table = build_table(runs)
+    assert {r["method"]: r["seeds"] for r in table["rows"]} == {
+        "grpo": [0, 1, 2],
+        "tepo": [0, 1],
+        "dapo": [2],
+    }
+    assert table["missing_runs"] == []  # no tepo/seed2 or dapo/seed0: never planned
+    # Other training settings in the same directory replace the plan (their runs would not be comparable).
+    other = plan_comparison(tmp_path, ["grpo"], [0], overrides=["train.steps=3"])
+    write_plan(other)
+    replaced = json.loads((tmp_path / "comparison.json").read_text())
+    assert replaced["methods"] == ["grpo"] and replaced["seeds"] == [0]
+    assert replaced["notes"][-1].startswith("replaced an earlier plan with other settings")
 
 
 @pytest.mark.parametrize("max_new, reused", [(64, True), (256, True), (512, False)])
@@ -484,7 +568,23 @@ def test_mixed_precision_is_a_column_and_is_not_paired(comparison):
     header = text.splitlines()[0]
     assert [c.strip() for c in header.split("|")][3] == "precision"
     assert re.search(r"\| tepo +\| 2 +\| bf16/float32 +\|", text)
-    assert "not paired (different precision" in text and "tepo/seed0 (float32) vs grpo (bf16)" in text
+    assert (
+        "not paired (different precision or machine" in text and "tepo/seed0 (float32) vs grpo (bf16)" in text
+    )
+
+
+def test_runs_of_one_precision_on_two_machines_are_not_paired(comparison):
+    # bf16 on both, but recorded on two CPU kinds: their float arithmetic differs, so no paired difference.
+    # A run that recorded no machine (made before 2026-12-05) pairs with its seed's.
+    for seed in range(3):
+        _record_precision(comparison / "grpo" / f"seed{seed}", bf16=True)  # "Zen 4"
+    summary = json.loads((comparison / "tepo" / "seed0" / "summary.json").read_text())
+    summary["precision"] = {"model_autocast_bf16": True, "hardware": "Intel Xeon (AMX)"}
+    (comparison / "tepo" / "seed0" / "summary.json").write_text(json.dumps(summary))
+    table = build_table(discover_runs(comparison), threshold=0.25, reference="grpo")
+    assert table["precision"]["unpaired"] == ["tepo/seed0 (Intel Xeon (AMX)) vs grpo (Zen 4)"]
+    tepo = next(r for r in table["rows"] if r["method"] == "tepo")
+    assert tepo["cells"]["held_out_delta"]["values"] == [pytest.approx(0.1)]  # seed 1 only: 0.5 - 0.4
 
 
 def test_a_started_run_with_resolved_precision_matches_its_auto_plan(tmp_path):

@@ -86,6 +86,30 @@ def test_two_steps_train_log_and_change_parameters(tmp_path, embedded_model_dir)
     assert saved.startswith("# precision: ") and f"autocast_bf16: {str(native).lower()}" in saved
 
 
+def test_ep_grpo_gives_all_equal_groups_a_gradient_after_the_first_update_and_pass_at_k_is_scored(tmp_path):
+    # EP-GRPO's zero-variance fallback needs old != ref: at step 1 the policy that sampled is the reference, so
+    # an all-equal group gets exactly 0 (s~ = 0, A_i = 0); after one update it gets a signal. With 8 new tokens
+    # the embedded model almost never answers, so nearly every group is all-wrong (asserted, not assumed).
+    config = tiny(
+        tmp_path, "train.run_name=ep", "algorithm.advantage=ep_grpo", "optim.lr=1e-4", "eval.pass_k_samples=2"
+    )
+    run = train(config, log=lambda *_: None).run_dir
+    rows = read_metrics(run / "metrics.jsonl")
+    shares = [r["reward/frac_groups_all_equal"] for r in rows]
+    assert all(0.0 <= s <= 1.0 for s in shares) and shares[1] > 0, shares
+    advantaged = [r["reward/frac_all_equal_tokens_advantaged"] for r in rows]
+    assert shares[0] == 0 or advantaged[0] == 0.0, advantaged
+    assert advantaged[1] > 0, advantaged  # the gate is never 0: a token whose bucket pool has a spread moves
+    summary = json.loads((run / "summary.json").read_text())
+    for phase in ("before", "after"):
+        scores = summary[phase]
+        assert 0.0 <= scores["eval_pass@1"] <= scores["eval_pass@2"] <= 1.0, scores
+        assert "eval_pass@4" not in scores
+    assert (
+        json.loads((run / "eval_before.json").read_text())["eval_pass@2"] == summary["before"]["eval_pass@2"]
+    )
+
+
 def _comparable(rows):
     return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]
 

@@ -94,3 +94,24 @@ def filter_groups(
         group_size=group_size,
         metrics=metrics,
     )
+
+
+def all_equal_group_stats(rewards: Tensor, advantages: Tensor, mask: Tensor, group_size: int) -> dict:
+    """What a step's estimator did with the groups whose rewards are all equal (GRPO gives them no gradient;
+    EP-GRPO's polarity fallback may).
+
+    ``frac_groups_all_equal``: the share of the batch's groups whose G rewards are exactly equal.
+    ``frac_all_equal_tokens_advantaged``: among those groups' valid tokens (``mask``), the share whose advantage
+    is nonzero; None when the batch has no such group. ``advantages`` ``[N]`` (a row's value on all its tokens)
+    or ``[N, T]``.
+    """
+    all_equal = zero_variance(grouped(rewards.detach(), group_size)).reshape(-1)
+    rows = all_equal.repeat_interleave(group_size)
+    adv = advantages.detach()
+    nonzero = (adv != 0).unsqueeze(1).expand_as(mask) if adv.dim() == 1 else adv != 0
+    tokens = mask.bool() & rows.unsqueeze(1)
+    count = int(tokens.sum())
+    return {
+        "frac_groups_all_equal": float(all_equal.float().mean()),
+        "frac_all_equal_tokens_advantaged": float((nonzero & tokens).sum()) / count if count else None,
+    }

@@ -206,3 +206,11 @@ def run_precision(run_dir: Path) -> str:
         return "unknown"
     value = (saved.get("model") or {}).get("autocast_bf16", True)
     return {True: "bf16", False: "float32"}.get(value, str(value))
+
+
+def run_machine(run_dir: Path) -> str | None:
+    """The CPU (or GPU) a run trained on, as its summary records it (``precision.hardware``, runs since
+    2026-12-05); None for older runs, which recorded no machine."""
+    recorded = (_read_json(Path(run_dir) / "summary.json") or {}).get("precision")
+    hardware = recorded.get("hardware") if isinstance(recorded, dict) else None
+    return hardware if isinstance(hardware, str) and hardware else None

@@ -91,7 +91,7 @@ def table_footer(table: dict) -> str:
         )
     if precision.get("unpaired"):
         lines.append(
-            f"not paired (different precision, no paired difference): {', '.join(precision['unpaired'])}"
+            f"not paired (different precision or machine, no paired difference): {', '.join(precision['unpaired'])}"
         )
     return "\n".join(lines)
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tepo.config import ConfigError, RunConfig, list_presets, load_config
+from tepo.files import atomic_write_text
 from tepo.training.micro_batches import resolve_micro_batch_tokens
 
 PLAN_FILE = "comparison.json"
@@ -323,7 +324,9 @@ def _config_differences(saved: RunConfig, planned: RunConfig) -> list[str]:
         flat["train.micro_batch_tokens"] = resolve_micro_batch_tokens(
             flat.get("train.micro_batch_tokens"), flat.get("rollout.max_new_tokens", 0)
         )
-    ignore = {"log.progress"} | {k for k in _PRECISION_KEYS if b.get(k) == "auto"}
+    # eval.pass_k_samples adds measures at the start and the end and changes nothing else (its own sampling seed): a
+    # finished run without them is the same run, and the table shows pass@k for the runs that have it.
+    ignore = {"log.progress", "eval.pass_k_samples"} | {k for k in _PRECISION_KEYS if b.get(k) == "auto"}
     return sorted(k for k in a.keys() | b.keys() if k not in ignore and a.get(k) != b.get(k))
 
 
@@ -406,10 +409,56 @@ def run_one(
     return RunOutcome(spec, "trained", time.perf_counter() - start)
 
 
+# Overrides that add measures and change no training step: plans that differ only in them share a directory's runs.
+_MEASURE_ONLY_OVERRIDES = ("eval.pass_k_samples=",)
+
+
+def _training_overrides(record: dict) -> tuple:
+    kept = [o for o in record.get("overrides", []) if not o.startswith(_MEASURE_ONLY_OVERRIDES)]
+    return record.get("base_config"), tuple(kept)
+
+
+def merge_plans(earlier: dict, new: dict) -> dict:
+    """The plan a directory records after ``new`` ran where ``earlier`` had: the union of their runs when both
+    train with the same settings (base config and overrides, measure-only ones aside), so a study grows by
+    methods and seeds (``--seeds 3,4,5`` beside seeds 0-2) and its table keeps every run; otherwise ``new``
+    alone, with a note that it replaced a plan of other settings (whose runs then leave the table)."""
+    if _training_overrides(earlier) != _training_overrides(new):
+        note = f"replaced an earlier plan with other settings: {earlier.get('base_config')} {earlier.get('overrides')}"
+        return new | {"notes": [*new["notes"], note]}
+    runs = {m: dict(seeds) for m, seeds in earlier.get("runs", {}).items()}
+    for method, seeds in new["runs"].items():
+        runs.setdefault(method, {}).update(seeds)
+    digests = {seed: dict(by_method) for seed, by_method in earlier.get("prompt_digests", {}).items()}
+    for seed, by_method in new["prompt_digests"].items():
+        digests.setdefault(seed, {}).update(by_method)
+    history = list(earlier.get("earlier_plans", []))
+    if (earlier.get("overrides"), earlier.get("methods"), earlier.get("seeds")) != (
+        new["overrides"],
+        new["methods"],
+        new["seeds"],
+    ):
+        history.append({k: earlier.get(k) for k in ("base_config", "overrides", "methods", "seeds")})
+    return new | {
+        "methods": list(dict.fromkeys([*earlier.get("methods", []), *new["methods"]])),
+        "seeds": sorted({*map(int, earlier.get("seeds", [])), *new["seeds"]}),
+        "runs": runs,
+        "method_changes": earlier.get("method_changes", {}) | new["method_changes"],
+        "prompt_digests": digests,
+        "notes": list(dict.fromkeys([*earlier.get("notes", []), *new["notes"]])),
+        **({"earlier_plans": history} if history else {}),
+    }
+
+
 def write_plan(plan: ComparisonPlan) -> Path:
+    """Record ``plan`` in its directory, merged with the plan already there (:func:`merge_plans`)."""
     plan.directory.mkdir(parents=True, exist_ok=True)
+    record = plan.to_dict()
+    earlier = load_plan(plan.directory)
+    if earlier is not None:
+        record = merge_plans(earlier, record)
     path = plan.directory / PLAN_FILE
-    path.write_text(json.dumps(plan.to_dict(), indent=2, default=str))
+    atomic_write_text(path, json.dumps(record, indent=2, default=str))
     return path
 
 
@@ -445,10 +494,11 @@ def discover_runs(directory: Path) -> dict[str, dict[int, Path]]:
     directory = Path(directory)
     plan = load_plan(directory)
     runs: dict[str, dict[int, Path]] = {}
-    if plan is not None:
+    if plan is not None:  # its runs (a merged plan's need not be every method x every seed)
+        planned = plan.get("runs") or {m: {s: f"{m}/seed{s}" for s in plan["seeds"]} for m in plan["methods"]}
         for method in plan["methods"]:
-            for seed in plan["seeds"]:
-                runs.setdefault(method, {})[int(seed)] = directory / method / f"seed{seed}"
+            for seed, path in sorted(planned.get(method, {}).items(), key=lambda item: int(item[0])):
+                runs.setdefault(method, {})[int(seed)] = directory / path
         return runs
     for config in sorted(directory.glob("*/seed*/config.yaml")):
         run_dir = config.parent

@@ -75,6 +75,7 @@ from tepo.compare.measures import (
     entropy_kept,
     held_out_curve,
     max_drop,
+    run_machine,
     run_precision,
     steps_to_threshold,
 )
@@ -122,6 +123,7 @@ __all__ = [
     "per_seed_rows",
     "render_markdown",
     "render_terminal",
+    "run_machine",
     "run_precision",
     "run_values",
     "select_columns",
@@ -154,6 +156,16 @@ class RunValues(NamedTuple):
     rows: list[dict]
 
 
+def _pass_at_k(scores: dict) -> dict[str, float | None]:
+    """``{"pass@k": value}`` from an evaluation's ``eval_pass@k`` keys (eval.pass_k_samples; absent when off)."""
+    return {k.removeprefix("eval_"): _number(v) for k, v in scores.items() if k.startswith("eval_pass@")}
+
+
+def _pass_k_keys(values: list[dict]) -> list[str]:
+    """The pass@k columns some run has, by k."""
+    return sorted({k for v in values for k in v if k.startswith("pass@")}, key=lambda k: int(k.split("@")[1]))
+
+
 def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
     """One run's values by column key (missing values left out), with the curve and rows they came from."""
     run_dir = Path(run_dir)
@@ -171,6 +183,7 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
     }
     for name, score in benchmark_scores(run_dir).items():
         values[f"bench:{name}"] = score
+    values |= _pass_at_k(after)
     steps, seconds = steps_to_threshold(rows, threshold, window)
     values["steps_to_threshold"] = None if steps is None else float(steps)
     values["seconds_to_threshold"] = seconds
@@ -185,6 +198,7 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
         "held_out": _number(before.get("eval_greedy_accuracy")),
         "sampled": _number(before.get("eval_sampled_accuracy")),
         "sampled_cons": _number(before.get("eval_sampled_cons")),
+        **_pass_at_k(before),
     }
     return RunValues(
         after={k: v for k, v in values.items() if v is not None},
@@ -216,6 +230,7 @@ def build_table(
     series: dict[tuple[str, int], RunValues] = {}  # read once; the convergence loop below reuses them
     initial: dict[int, dict] = {}
     precision: dict[tuple[str, int], str] = {}  # each finished run's precision (run_precision)
+    machine: dict[tuple[str, int], str | None] = {}  # and the machine it recorded (run_machine)
     missing = []
     for method, seeds in runs.items():
         for seed, run_dir in sorted(seeds.items()):
@@ -225,6 +240,7 @@ def build_table(
             read = series[method, seed] = run_values(run_dir, threshold=threshold, window=window)
             per_method.setdefault(method, {})[seed] = read.after
             precision[method, seed] = run_precision(run_dir)
+            machine[method, seed] = run_machine(run_dir)
             # identical across methods for one seed: the same initial policy
             initial.setdefault(seed, read.before)
 
@@ -251,6 +267,12 @@ def build_table(
                         f"{method}/seed{seed} ({precision[method, seed]}) vs {reference} ({precision[reference, seed]})"
                     )
                     continue
+                # Float arithmetic differs between CPU kinds: runs recorded on two machines are not paired either
+                # (a run that recorded none, made before 2026-12-05, is taken to share its seed's machine).
+                machines = machine[method, seed], machine[reference, seed]
+                if None not in machines and machines[0] != machines[1]:
+                    unpaired.append(f"{method}/seed{seed} ({machines[0]}) vs {reference} ({machines[1]})")
+                    continue
                 values["held_out_delta"] = values["held_out"] - ref["held_out"]
 
     benches = sorted(
@@ -265,6 +287,7 @@ def build_table(
     columns += [
         Column("sampled", "sampled"),
         *([Column("sampled_cons", "cons@n")] if any("sampled_cons" in v for v in all_values) else []),
+        *(Column(k, k) for k in _pass_k_keys(all_values)),
         Column("reward", "reward (last 1/3)"),
         Column("steps_to_threshold", f"steps@{r_label}", higher_is_better=False),
         Column("seconds_to_threshold", f"wall s@{r_label}", higher_is_better=False),
@@ -327,7 +350,7 @@ def build_table(
                 and math.isclose(mean, best, rel_tol=1e-12, abs_tol=1e-12)
             )
     initial_cells = {}
-    for key in ("held_out", "sampled", "sampled_cons"):
+    for key in ("held_out", "sampled", "sampled_cons", *_pass_k_keys(list(initial.values()))):
         vals = [v[key] for v in initial.values() if key in v]
         if vals:
             initial_cells[key] = cell(vals, len(initial)) | {"best": False}

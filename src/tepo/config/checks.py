@@ -78,6 +78,12 @@ def validate(config: RunConfig) -> list[str]:
         )
     if c.train.save_every < 0 or c.eval.every < 0 or c.eval.size < 0 or c.eval.samples < 0:
         errors.append("train.save_every, eval.every, eval.size and eval.samples must be >= 0")
+    if (
+        isinstance(c.eval.pass_k_samples, bool)
+        or not isinstance(c.eval.pass_k_samples, int)
+        or c.eval.pass_k_samples < 0
+    ):
+        errors.append(f"eval.pass_k_samples must be an int >= 0 (got {c.eval.pass_k_samples!r})")
     if c.eval.batch_prompts is not None and c.eval.batch_prompts < 1:
         errors.append(f"eval.batch_prompts must be >= 1 or null (got {c.eval.batch_prompts})")
     if c.algorithm.max_resample_rounds and not c.algorithm.dynamic_sampling:

@@ -250,6 +250,11 @@ class EvalConfig:
     # generate: 16). Batching moves bf16 results (greedy answers can flip) and each call's sampling seed is
     # seed + call index, so a study that must match runs made before 2026-12-04 (16 a call) sets 16.
     batch_prompts: int | None = None
+    # pass@k of the initial and the trained policy (not the evaluations during training): n sampled completions per
+    # problem at eval.temperature, and pass@k for k = 1, 2, 4, ... <= n by the unbiased estimator (Chen et al.
+    # 2107.03374), logged as eval_pass@k in eval_before.json and summary.json. 0: off. The papers' measure; n = 8 in
+    # the tepo-claims study. Its sampling seed is its own, so the other evaluations do not change with it.
+    pass_k_samples: int = 0
 
 
 @dataclass

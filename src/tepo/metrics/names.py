@@ -47,6 +47,10 @@ _GROUPS: dict[str, dict[str, str]] = {
         "reward_timeouts": "timeouts",
         "reward_errors": "errors",
         "overlong_penalty_mean": "overlong_penalty_mean",
+        # Groups whose G rewards are all equal (GRPO: no gradient), and the share of their tokens that the
+        # estimator still gave a nonzero advantage (EP-GRPO's polarity fallback; tepo.advantages.filtering).
+        "frac_groups_all_equal": "frac_groups_all_equal",
+        "frac_all_equal_tokens_advantaged": "frac_all_equal_tokens_advantaged",
         "reward_timeouts_total": "timeouts_total",  # the run's running totals, across resumes
         "reward_parse_failures": "parse_failures_total",
     },

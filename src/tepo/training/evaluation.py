@@ -20,7 +20,7 @@ from tepo.evaluate import accuracy, score_problems
 from tepo.evaluate.benchmarks import benchmark_names
 from tepo.evaluate.core import engine_batch_prompts
 from tepo.evaluate.settings import BENCHMARK_INSTRUCTION, DEFAULT_ANSWER_FORMAT
-from tepo.passk import mean_cons_at_k
+from tepo.passk import mean_cons_at_k, mean_pass_at_k
 
 
 def held_out_protocol(config: RunConfig) -> dict:
@@ -33,9 +33,18 @@ def held_out_protocol(config: RunConfig) -> dict:
     }  # None: the reward pool's own format
 
 
-def evaluate_held_out(rollout, tokenizer, problems: Sequence[Problem], pool, config: RunConfig) -> dict:
+def pass_k_values(n: int) -> list[int]:
+    """The k of ``eval.pass_k_samples = n``: 1, 2, 4, ... up to n (n itself included when it is no power of 2)."""
+    ks = [2**i for i in range(n.bit_length()) if 2**i <= n]
+    return ks + ([n] if n and ks[-1] != n else [])
+
+
+def evaluate_held_out(
+    rollout, tokenizer, problems: Sequence[Problem], pool, config: RunConfig, *, pass_k: bool = False
+) -> dict:
     """``eval_greedy_accuracy``, ``eval_sampled_accuracy`` (``eval_sampled_cons``) and ``eval_seconds`` on
-    ``problems``, with a bar."""
+    ``problems``, with a bar; with ``pass_k`` and ``eval.pass_k_samples = n > 0`` also ``eval_pass@k`` for
+    :func:`pass_k_values` (n) (the initial and the trained policy's evaluations ask for it)."""
     from tqdm.auto import tqdm
 
     e, r = config.eval, config.rollout
@@ -49,6 +58,10 @@ def evaluate_held_out(rollout, tokenizer, problems: Sequence[Problem], pool, con
     passes = [("greedy", {"greedy": True})]
     if e.samples:
         passes.append(("sampled", {"num_samples": e.samples, "temperature": e.temperature, "top_p": r.top_p}))
+    if pass_k and e.pass_k_samples:
+        # Seeded apart from the sampled pass (20_000 + seed), so turning pass@k on changes no other number.
+        sampling = {"num_samples": e.pass_k_samples, "temperature": e.temperature, "top_p": r.top_p}
+        passes.append(("pass_k", sampling | {"seed": 20_000 + config.train.seed}))
     out = {}
     start = time.perf_counter()
     with tqdm(
@@ -66,14 +79,18 @@ def evaluate_held_out(rollout, tokenizer, problems: Sequence[Problem], pool, con
                 tokenizer,
                 problems,
                 pool,
-                **common,
-                **kwargs,
+                **(common | kwargs),
                 # vLLM gets the whole held-out set in one call (16 prompts a call left it mostly idle); HF generate
                 # keeps 16-prompt batches; eval.batch_prompts fixes it (to reproduce earlier studies' numbers).
                 batch_prompts=e.batch_prompts
                 or engine_batch_prompts(rollout, kwargs.get("num_samples", 1), default=16),
                 on_batch=lambda chunk: bar.update(len(chunk)),
             )
+            if name == "pass_k":
+                correct = [sum(v.status == "correct" for v in r.verdicts) for r in results]
+                for k in pass_k_values(e.pass_k_samples):
+                    out[f"eval_pass@{k}"] = mean_pass_at_k(e.pass_k_samples, correct, k)
+                continue
             out[f"eval_{name}_accuracy"] = accuracy(results)
             if name == "sampled" and e.samples > 1:
                 # cons@n: majority vote over the eval.samples answers (all of them: one subset), tie 1/t.

@@ -382,8 +382,11 @@ class Trainer:
             collected.metrics["time/rollout_stage_seconds"] = copy_seconds
         return collected
 
-    def evaluate(self, pool) -> dict:
-        return evaluate_held_out(self.rollout, self.tokenizer, self.eval_problems, pool, self.config)
+    def evaluate(self, pool, *, pass_k: bool = False) -> dict:
+        """Held-out scores; ``pass_k``: with pass@k too (the initial and the trained policy's, not the others)."""
+        return evaluate_held_out(
+            self.rollout, self.tokenizer, self.eval_problems, pool, self.config, pass_k=pass_k
+        )
 
     def run(self) -> TrainResult:
         c = self.config
@@ -412,7 +415,7 @@ class Trainer:
                 if self.eval_problems:
                     self.log("evaluating the trained policy")
                 self._doing = "the trained policy's held-out evaluation"
-                after = self.evaluate(pool)
+                after = self.evaluate(pool, pass_k=True)
         except RolloutError as err:
             # The step's row was not logged and no checkpoint was written for it: `--resume` redoes that step.
             raise err.add_context(self._doing) from None
@@ -472,7 +475,7 @@ class Trainer:
             return json.loads(before_path.read_text())
         if self.eval_problems:
             self.log(f"evaluating the initial policy on {len(self.eval_problems)} held-out problems")
-        before = self.evaluate(pool)
+        before = self.evaluate(pool, pass_k=True)
         atomic_write_text(before_path, json.dumps(before))
         return before
 
