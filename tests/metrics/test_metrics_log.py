@@ -28,11 +28,19 @@ def _lines(path) -> list[str]:
 
 def test_rows_round_trip_with_nonfinite_values_as_strings(tmp_path):
     log = MetricsLog(tmp_path)
-    log.append({"step": 1, "loss": 0.5, "grad_norm": float("nan"), "lr": torch.tensor(2e-5), "note": "x"})
-    log.append({"step": 2, "loss": float("inf"), "grad_norm": float("-inf")})
+    log.append(
+        {
+            "step": 1,
+            "update/loss": 0.5,
+            "update/grad_norm": float("nan"),
+            "update/lr": torch.tensor(2e-5),
+            "note": "x",
+        }
+    )
+    log.append({"step": 2, "update/loss": float("inf"), "update/grad_norm": float("-inf")})
     log.close()
     rows = [_strict(line) for line in _lines(tmp_path / "metrics.jsonl")]
-    # Written with the grouped names (tepo.metrics.names); a key the table does not know ("note") as it is.
+    # Written as given (the phases name their metrics in their groups: tepo.metrics.names).
     assert rows[0] == {
         "step": 1,
         "update/loss": 0.5,
