@@ -73,7 +73,7 @@ def test_reopening_after_a_torn_write_starts_the_next_row_on_its_own_line(tmp_pa
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2, "lo')  # killed inside the write of step 2
     log = MetricsLog(tmp_path)
-    log.append({"step": 2, "loss": 0.5})
+    log.append({"step": 2, "update/loss": 0.5})
     assert _lines(path) == ['{"step": 1}', '{"step": 2, "update/loss": 0.5}']
     path.write_text('{"st')  # the only line is torn
     MetricsLog(tmp_path).append({"step": 1})
