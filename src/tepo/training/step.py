@@ -81,10 +81,10 @@ def train_step(parts: StepParts, plan: StepPlan, pool, step: int, collected: Col
     passes = _pre_update_passes(parts, plan, batch, row)
     # 4. Advantages: the estimator is handed every tensor there is and takes what it declared it needs.
     advantages = _advantages(parts, collected, batch, rewards, passes)
-    # Whether the estimator gives a gradient to groups whose rewards are all equal (EP-GRPO's fallback; 0 for GRPO).
+    # Whether the estimator gives all-equal groups a gradient (EP-GRPO's fallback; 0 for GRPO).
     stats = all_equal_group_stats(rewards, advantages, batch.response_mask, parts.settings.group_size)
     row.update(in_group("reward", stats))
-    # 5. The loss mask and the off-policy correction computed once per step from the old pass (if the plan has both).
+    # 5. The loss mask, and the off-policy correction once per step from the old pass (where the plan has both).
     tensors, correction_metrics = _row_tensors(parts, plan, batch, advantages, passes)
     # 6. Update: ppo_epochs x mini-batches of gradient-accumulated micro-batches.
     start = time.perf_counter()

@@ -164,7 +164,8 @@ class Trainer:
         )
         if (budget := self.parts.logprob_settings.micro_batch_tokens) is not None:
             log(
-                f"micro-batches: rows sorted by length, at most {budget} computed tokens each (train.micro_batch_tokens)"
+                f"micro-batches: rows sorted by length, at most {budget} computed tokens each "
+                "(train.micro_batch_tokens)"
             )
         self.counters = _RunCounters.of(resume)
         self.resumed = resume is not None
@@ -200,7 +201,7 @@ class Trainer:
         return _Resume(checkpoint, read_checkpoint_state(checkpoint), exact=note is None)
 
     def _setup_plan(self) -> StepPlan:
-        """Which passes every step runs (tepo.training.plan), decided once: the reference model's set-up reads it."""
+        """Which passes every step runs (tepo.training.plan), decided once; the model's set-up reads it."""
         from tepo.rollout.registry import choose_rollout_backend
 
         return plan_step(self.config, backend=choose_rollout_backend(self.config.rollout)[0])
