@@ -89,9 +89,15 @@ def test_two_steps_train_log_and_change_parameters(tmp_path, embedded_model_dir)
 def test_ep_grpo_gives_all_equal_groups_a_gradient_after_the_first_update_and_pass_at_k_is_scored(tmp_path):
     # EP-GRPO's zero-variance fallback needs old != ref: at step 1 the policy that sampled is the reference, so
     # an all-equal group gets exactly 0 (s~ = 0, A_i = 0); after one update it gets a signal. With 8 new tokens
-    # the embedded model almost never answers, so nearly every group is all-wrong (asserted, not assumed).
+    # the embedded model almost never answers, so nearly every group is all-wrong (asserted, not assumed); an
+    # entropy bonus makes step 1 move the policy even then (all-equal rewards alone give EP-GRPO no gradient yet).
     config = tiny(
-        tmp_path, "train.run_name=ep", "algorithm.advantage=ep_grpo", "optim.lr=1e-4", "eval.pass_k_samples=2"
+        tmp_path,
+        "train.run_name=ep",
+        "algorithm.advantage=ep_grpo",
+        "algorithm.entropy_coef=0.01",
+        "optim.lr=1e-4",
+        "eval.pass_k_samples=2",
     )
     run = train(config, log=lambda *_: None).run_dir
     rows = read_metrics(run / "metrics.jsonl")
