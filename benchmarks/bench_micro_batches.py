@@ -109,11 +109,11 @@ def worker(args) -> dict:
         "update_seconds": seconds,
         "response_tokens": int(batch.response_mask.sum()),
         "update_tokens_per_s": float(batch.response_mask.sum()) / seconds,
-        "padding_share": out["update_padding_share"],
+        "padding_share": out["update/padding_share"],
         "micro_batches": len(micro),
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_before_update_mb": before,
-        "loss": out["loss"],
+        "loss": out["update/loss"],
         "autocast_bf16": passes.autocast_bf16,
     }
 

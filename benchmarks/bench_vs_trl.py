@@ -161,6 +161,7 @@ def our_overrides(workload: dict, tmp: str) -> list[str]:
 
 def _ours_worker(args, workload: dict) -> dict:
     from tepo.config import load_config
+    from tepo.metrics import metric_name
     from tepo.rewards import MathRewardPool
     from tepo.training import Trainer
     from tepo.training.step import train_step
@@ -177,8 +178,7 @@ def _ours_worker(args, workload: dict) -> dict:
             # are switched off to, so the same log-probs; only the memory differs).
             weight = next(trainer.model.parameters())
             base, _ = load_model_and_tokenizer(config.model.name, dtype=weight.dtype, device=weight.device)
-            trainer.ref_model = base.eval().requires_grad_(False)
-            trainer.parts = dataclasses.replace(trainer.parts, ref_model=trainer.ref_model)
+            trainer.parts = dataclasses.replace(trainer.parts, ref_model=base.eval().requires_grad_(False))
         load_seconds = time.perf_counter() - start
         rss_after_load = current_rss_mb()
         rows = []
@@ -191,18 +191,20 @@ def _ours_worker(args, workload: dict) -> dict:
                 cpu_start, wall_start = time.process_time(), time.perf_counter()
                 row = train_step(trainer.parts, trainer.plan, pool, trainer.step, trainer.next_batch(pool))
                 cpu = time.process_time() - cpu_start
-                row["step_seconds"] = (
+                row["time/step_seconds"] = (
                     time.perf_counter() - wall_start
                 )  # incl. waiting for an overlapped batch
-                trainer.step += 1
+                trainer.counters.step += 1
                 rows.append(
                     {
                         "step_cpu_seconds": cpu,
-                        **{k: float(row.get(k, 0.0) or 0.0) for k in PHASES},
-                        "gen_tokens": float(row["gen_tokens"]),
-                        "update_tokens": float(row["response_length_mean"] * row["num_sequences"]),
-                        "reward_mean": float(row["reward_mean"]),
-                        "loss": float(row["loss"]),
+                        **{k: float(row.get(metric_name(k), 0.0) or 0.0) for k in PHASES},
+                        "gen_tokens": float(row["rollout/gen_tokens"]),
+                        "update_tokens": float(
+                            row["rollout/response_length_mean"] * row["rollout/num_sequences"]
+                        ),
+                        "reward_mean": float(row["reward/mean"]),
+                        "loss": float(row["update/loss"]),
                     }
                 )
     return {"load_seconds": load_seconds, "rss_after_load_mb": rss_after_load, "rows": rows}

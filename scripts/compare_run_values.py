@@ -7,6 +7,10 @@ command on the code before and after (e.g. ``tepo train train.steps=3`` in a ``g
 ``PYTHONPATH=<worktree>/src``) and compare. Metric names are read through ``tepo.metrics.read_metrics``, so a log
 written with the flat names of older versions compares with a grouped one. Timing and memory values (seconds,
 tokens/s, peak memory) are skipped; everything else must be equal, bit for bit. Exits 1 on any difference.
+
+``--without-eval``: the training steps only, for an "after" run made with ``eval.size=0`` where the held-out
+evaluations cost more than the machine has (their values, ``eval/...`` and ``summary.json``, are skipped; the
+steps' sampling and update do not depend on them: each step samples with its own seed).
 """
 
 from __future__ import annotations
@@ -25,21 +29,23 @@ def is_timing(key: str) -> bool:
     return any(part in key for part in TIMING_PARTS)
 
 
-def compare(before: Path, after: Path) -> tuple[int, list[str]]:
-    """(values compared, lines naming each difference)."""
+def compare(before: Path, after: Path, *, without_eval: bool = False) -> tuple[int, list[str]]:
+    """(values compared, lines naming each difference); ``without_eval``: the steps' non-eval values only."""
     rows_a, rows_b = read_metrics(before / "metrics.jsonl"), read_metrics(after / "metrics.jsonl")
     if len(rows_a) != len(rows_b):
         return 0, [f"metrics.jsonl: {len(rows_a)} rows against {len(rows_b)}"]
     compared, diffs = 0, []
     for a, b in zip(rows_a, rows_b):
         for key in sorted(a.keys() | b.keys()):
-            if is_timing(key):
+            if is_timing(key) or (without_eval and key.startswith("eval/")):
                 continue
             compared += 1
             if a.get(key, "<missing>") != b.get(key, "<missing>"):
                 diffs.append(
                     f"step {a.get('step')}: {key}: {a.get(key, '<missing>')!r} != {b.get(key, '<missing>')!r}"
                 )
+    if without_eval:
+        return compared, diffs
     summary_a = json.loads((before / "summary.json").read_text())
     summary_b = json.loads((after / "summary.json").read_text())
     for part in ("before", "after"):
@@ -62,8 +68,11 @@ def main(argv=None) -> int:
     )
     parser.add_argument("before", type=Path)
     parser.add_argument("after", type=Path)
+    parser.add_argument(
+        "--without-eval", action="store_true", help="compare the steps only (no eval/, no summary)"
+    )
     args = parser.parse_args(argv)
-    compared, diffs = compare(args.before, args.after)
+    compared, diffs = compare(args.before, args.after, without_eval=args.without_eval)
     print("\n".join(diffs))
     print(f"compared {compared} values, {len(diffs)} differ")
     return 1 if diffs or not compared else 0

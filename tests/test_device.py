@@ -150,7 +150,7 @@ def test_the_update_phase_creates_no_tensor_without_a_device(one_torch_thread):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _u: 1.0)
     recorder = _DevicelessFactories()
     with recorder:
-        old_logp, old_entropy = batch_logprobs(model, batch, settings, entropy=True)
+        old_logp, old_entropy, _ = batch_logprobs(model, batch, settings, entropy=True)
         rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 0.0], device=ids.device)
         advantages = compute_advantages("grpo", rewards, g, mask=batch.response_mask)
         weights, keep, _ = rollout_correction_weights(

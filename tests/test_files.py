@@ -9,6 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
+import torch
 
 from tepo.files import atomic_write_text, atomic_write_with
 
@@ -20,8 +21,6 @@ OTHER_RENAMES = {
     "of hashes), renamed, then its parent folder fsynced with tepo.files.fsync_folder",
     "models.py": "the converted model's cache folder: built under a temporary name and renamed under a lock",
     "compare/runner.py": "moves an interrupted run's partial metrics log aside (a rename, no content written)",
-    "rollout/weight_sync.py": "the weight-sync file is rewritten every step and never read after a crash: the rename keeps "
-    "the engine from reading half a file, an fsync of 0.3-3 GB per step would buy nothing",
 }
 
 
@@ -40,6 +39,42 @@ def test_write_replaces_whole_and_syncs_file_and_folder(tmp_path, monkeypatch):
     assert path.read_text(encoding="utf-8") == "new ✓"
     assert synced == [False, True, False, True]  # the file, then its folder, each time
     assert [p.name for p in tmp_path.iterdir()] == ["summary.json"]  # no temporary file left
+
+
+def test_without_durability_the_rename_stays_and_the_fsyncs_go(tmp_path, monkeypatch):
+    """durable=False (the per-step weight-sync file): still all or nothing, no fsync of file or folder."""
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    path = tmp_path / "model.safetensors"
+    atomic_write_with(path, lambda tmp: tmp.write_bytes(b"old"), durable=False)
+    atomic_write_with(path, lambda tmp: tmp.write_bytes(b"new"), durable=False)
+    assert path.read_bytes() == b"new"
+    assert synced == []
+    assert [p.name for p in tmp_path.iterdir()] == ["model.safetensors"]
+
+
+def test_the_weight_sync_and_token_records_write_through_the_helper(tmp_path, monkeypatch):
+    """Both replaced their own temporary-file-and-rename with tepo.files (#45): the weight file without fsync."""
+    import tepo.metrics.tokens as tokens
+    import tepo.rollout.weight_sync as weight_sync
+
+    calls = []
+    real = atomic_write_with
+
+    def spy(path, write, *, durable=True):
+        calls.append((Path(path).name, durable))
+        real(path, write, durable=durable)
+
+    monkeypatch.setattr(weight_sync, "atomic_write_with", spy)
+    monkeypatch.setattr(tokens, "atomic_write_text", lambda path, text: calls.append((Path(path).name, True)))
+    model = torch.nn.Linear(2, 2)
+    model.get_output_embeddings = lambda: None
+    model.config = type("Config", (), {"to_dict": lambda self: {}})()
+    weight_sync.write_weights(model, tmp_path / "weights", torch.float32)
+    tokens.record_rollout_tokens(
+        tmp_path, 3, [["a", "b"]], torch.ones(1, 2), torch.ones(1), torch.ones(1, 2), torch.ones(1)
+    )
+    assert calls == [("model.safetensors", False), ("step_000003.json", True)]
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

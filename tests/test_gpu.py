@@ -60,7 +60,7 @@ def _update(device: str, *, autocast: bool = False):
     batch = _batch().to(device)
     settings = LogprobSettings(8, 1.0, autocast, True, "auto")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    old_logp, old_entropy = batch_logprobs(model, batch, settings, entropy=True)
+    old_logp, old_entropy, _ = batch_logprobs(model, batch, settings, entropy=True)
     advantages = torch.linspace(-1.5, 1.5, GROUPS * G, device=device)
     plan = UpdatePlan(UpdateSettings("tepo", {}, 2, GROUPS // 2, G, 1.0, float(RESPONSE)), settings)
     rows = dict(advantages=advantages, mask=batch.response_mask, old_logp=old_logp, old_entropy=old_entropy)
@@ -71,15 +71,15 @@ def _update(device: str, *, autocast: bool = False):
 def test_update_on_cuda_matches_the_cpu():
     cpu_out, cpu_params = _update("cpu")
     cuda_out, cuda_params = _update("cuda")
-    assert cuda_out["optimizer_updates"] == cpu_out["optimizer_updates"] == 4
-    assert math.isclose(cuda_out["loss"], cpu_out["loss"], rel_tol=1e-4, abs_tol=1e-6)
+    assert cuda_out["update/optimizer_updates"] == cpu_out["update/optimizer_updates"] == 4
+    assert math.isclose(cuda_out["update/loss"], cpu_out["update/loss"], rel_tol=1e-4, abs_tol=1e-6)
     torch.testing.assert_close(cuda_params, cpu_params, rtol=1e-4, atol=1e-5)
 
 
 def test_bf16_autocast_update_on_cuda_is_finite_and_close():
     _, cpu_params = _update("cpu", autocast=True)
     cuda_out, cuda_params = _update("cuda", autocast=True)
-    assert math.isfinite(cuda_out["loss"]) and cuda_out["optimizer_updates"] == 4
+    assert math.isfinite(cuda_out["update/loss"]) and cuda_out["update/optimizer_updates"] == 4
     # bf16 matmuls: the two devices' kernels round apart.
     torch.testing.assert_close(cuda_params, cpu_params, rtol=0, atol=5e-3)
 

@@ -136,6 +136,19 @@ def unit_cycles(graph: dict[str, set[str]], ignore: set[tuple[str, str]] = froze
             if a != b and (f"tepo.{a}", f"tepo.{b}") not in ignore:
                 edges.setdefault(a, set()).add(b)
             edges.setdefault(b, set())
+    return strong_components(edges)
+
+
+def module_cycles(graph: dict[str, set[str]], src: Path = SRC) -> list[list[str]]:
+    """Cycles among modules (inside a unit as well), imports of a package itself (its ``__init__``, which
+    re-exports its modules) left out: ``registry`` importing ``frameworks`` importing ``registry`` is one."""
+    packages = {m for m in graph if (src / m.replace(".", "/") / "__init__.py").exists()}
+    edges = {m: {t for t in targets if t in graph and t not in packages} for m, targets in graph.items()}
+    return strong_components(edges)
+
+
+def strong_components(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of size > 1 of a graph (Tarjan), each sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -187,6 +200,20 @@ def test_no_module_imports_a_higher_layer():
 def test_no_cycles_between_top_level_units():
     cycles = unit_cycles(module_graph(), ignore=set(KNOWN_UPWARD))
     assert not cycles, f"import cycles between top-level units: {cycles}"
+
+
+def test_no_cycles_between_modules():
+    """Lazy imports included: a function-level import that closes a circle is a dependency the wrong way (#45)."""
+    assert module_cycles(module_graph()) == []
+
+
+def test_module_cycles_finds_a_lazy_circle():
+    graph = {
+        "tepo.advantages": {"tepo.advantages.registry"},
+        "tepo.advantages.registry": {"tepo.advantages.frameworks"},  # the lazy import before #45
+        "tepo.advantages.frameworks": {"tepo.advantages.registry", "tepo.advantages"},
+    }
+    assert module_cycles(graph) == [["tepo.advantages.frameworks", "tepo.advantages.registry"]]
 
 
 # ----- the tests: no test module imports another ------------------------------------------------------------

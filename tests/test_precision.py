@@ -203,7 +203,9 @@ def zen3(monkeypatch):
 
 
 def test_a_run_on_a_cpu_without_native_bf16_resolves_to_float32(zen3, tmp_path):
-    from tepo.training.trainer import _save_run_config, read_run_precision, resolve_run_precision
+    from tepo.precision import resolve_run_precision
+    from tepo.training.run_dir import read_run_precision
+    from tepo.training.run_dir import save_run_config as _save_run_config
 
     resolved = resolve_run_precision(load_config(None), "cpu")
     c = resolved.config
@@ -219,7 +221,7 @@ def test_a_run_on_a_cpu_without_native_bf16_resolves_to_float32(zen3, tmp_path):
 
 
 def test_a_resumed_run_keeps_its_precision_and_says_when_it_is_slow_here(zen3, tmp_path):
-    from tepo.training.trainer import resolve_run_precision
+    from tepo.precision import resolve_run_precision
 
     # Started with bf16 on a Zen 4 (recorded), resumed on the Zen 3.
     started = load_config(

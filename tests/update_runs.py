@@ -73,7 +73,7 @@ def apply_update(model, optimizer, batch, plan: UpdatePlan, *, scheduler=None, *
 
 def with_sampler_logp(batch: RolloutBatch, model) -> RolloutBatch:
     """The batch with made-up sampler log-probs: the trainer's own, shifted per token (some beyond 2x)."""
-    logp, _ = batch_logprobs(model, batch, logprob_settings(32), entropy=False)
+    logp = batch_logprobs(model, batch, logprob_settings(32), entropy=False).logp
     shift = torch.linspace(-1.0, 1.0, logp.numel()).view_as(logp)
     out = copy.copy(batch)
     out.rollout_logp = (logp + shift) * batch.response_mask

@@ -342,15 +342,36 @@ def _manifest_says(path: Path) -> bool | None:
 def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module) -> CheckpointState:
     """Load the weights into ``model`` and return the saved state (``torch.load(weights_only=True)``) as a
     :class:`CheckpointState`, whose ``optimizer_state`` says whether the optimizer's moments are in it."""
+    load_checkpoint_weights(checkpoint, model)
+    return read_checkpoint_state(checkpoint)
+
+
+def read_checkpoint_state(checkpoint: Checkpoint) -> CheckpointState:
+    """The saved state of ``checkpoint`` (optimizer, schedule, RNG, data position, ...; on the CPU) without its
+    weights: what a trainer reads first and hands to the parts it builds (``tepo.training.trainer``)."""
+    # The state goes to the CPU (RNG states must be CPU tensors, and optimizer.load_state_dict moves the moments
+    # next to their parameters), so a checkpoint written on any device resumes on any other (CPU -> CUDA and back).
+    state = torch.load(checkpoint.path / "state.pt", weights_only=True, map_location="cpu")
+    recorded = _manifest_says(checkpoint.path)
+    # Checkpoints from before the manifest field always held the whole optimizer state dict when they held one.
+    optimizer_state = recorded if recorded is not None else OPTIMIZER_KEY in state
+    return CheckpointState(
+        state,
+        path=checkpoint.path,
+        step=int(state.get("step", checkpoint.step)),
+        optimizer_state=optimizer_state,
+    )
+
+
+def load_checkpoint_weights(checkpoint: Checkpoint, model: torch.nn.Module) -> None:
+    """Load the weights of ``checkpoint`` into ``model`` (straight to the model's device); CheckpointError when
+    they do not fit it (a LoRA checkpoint holds the adapters only: every one of them, nothing else)."""
     from tepo.lora import adapter_state_dict, is_lora
 
-    # Weights go straight to the model's device; the rest of the state to the CPU (RNG states must be CPU tensors,
-    # and optimizer.load_state_dict moves the moments next to their parameters), so a checkpoint written on any
-    # device resumes on any other (CPU -> CUDA and back).
     device = next(model.parameters()).device
     weights = load_file(str(checkpoint.path / "model.safetensors"), device=str(device))
     missing, unexpected = model.load_state_dict(weights, strict=False)
-    if is_lora(model):  # the checkpoint holds the adapters only: every one of them, nothing else
+    if is_lora(model):
         missing = [name for name in adapter_state_dict(model) if name not in weights]
         if missing or unexpected:
             raise CheckpointError(
@@ -366,16 +387,6 @@ def load_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module) -> Checkpoin
         )
     if tied:
         model.tie_weights()
-    state = torch.load(checkpoint.path / "state.pt", weights_only=True, map_location="cpu")
-    recorded = _manifest_says(checkpoint.path)
-    # Checkpoints from before the manifest field always held the whole optimizer state dict when they held one.
-    optimizer_state = recorded if recorded is not None else OPTIMIZER_KEY in state
-    return CheckpointState(
-        state,
-        path=checkpoint.path,
-        step=int(state.get("step", checkpoint.step)),
-        optimizer_state=optimizer_state,
-    )
 
 
 def resume_without_optimizer_note(checkpoint: Checkpoint | CheckpointState, allowed: bool) -> str | None:

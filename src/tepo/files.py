@@ -8,7 +8,8 @@ rename itself survives a power loss. A failed write removes its temporary file a
 
 Used for every file a resumed run or a reader must find whole: ``config.yaml``, ``summary.json``,
 ``eval_before.json``, ``precision.json``, the rewritten ``metrics.jsonl`` of a resume, ``results.json`` of
-``tepo eval``, a comparison's ``table.md`` / ``table.json``. (Append-only logs, such as ``metrics.jsonl`` rows and
+``tepo eval``, a comparison's ``table.md`` / ``table.json``, the token view's ``samples/step_XXXXXX.json``, and
+(without the fsyncs, ``durable=False``) the vLLM engine's weight-sync file. (Append-only logs, such as ``metrics.jsonl`` rows and
 ``samples.jsonl``, are written by appending and fsync-ing each line instead: a torn last line is skipped by their
 readers.)
 """
@@ -34,23 +35,29 @@ def fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_with(path: Path, write: Callable[[Path], None]) -> None:
+def atomic_write_with(path: Path, write: Callable[[Path], None], *, durable: bool = True) -> None:
     """Replace ``path`` with what ``write(tmp_path)`` writes to a temporary path beside it (for writers that take
-    a path, such as ``safetensors.torch.save_file``); fsync of the file and the folder as in the module docstring."""
+    a path, such as ``safetensors.torch.save_file``); fsync of the file and the folder as in the module docstring.
+
+    ``durable=False`` skips both fsyncs and keeps only the all-or-nothing rename: for a file that is rewritten
+    often and never read after a crash (the vLLM weight-sync file, ``tepo.rollout.weight_sync``), where a reader
+    must never see half a file but an fsync of 0.3-3 GB per step would buy nothing."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_folder(path.parent)
+    if durable:
+        fsync_folder(path.parent)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

@@ -17,16 +17,21 @@ What counts as native (:func:`native_bf16`):
 - CUDA: ``torch.cuda.is_bf16_supported()`` (Ampere and later);
 - anything else: not native (float32; a correct choice everywhere, only sometimes slower).
 
+A training run resolves its config once (:func:`resolve_run_precision`) and records the result in its run
+directory (``precision.json``), so a resumed run keeps it wherever it resumes.
+
 ``tepo eval`` keeps its own protocol (:func:`evaluation_dtype`): float32 weights on the CPU for exact reference
 scores, bf16 on a GPU that computes it natively.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 AUTO = "auto"
 CPUINFO = Path("/proc/cpuinfo")
@@ -238,3 +243,67 @@ def config_precision_errors(model_autocast_bf16, rollout_autocast_bf16, vllm_dty
         if isinstance(value, str) and value.lower() != AUTO:
             errors.append(f"{name}: expected true, false or auto, got {value!r}")
     return errors
+
+
+# ---- a training run's precision ---------------------------------------------------------------------------------
+
+#: The run directory's record of the resolved precision (its reason and the hardware), beside ``config.yaml``.
+PRECISION_FILE = "precision.json"
+
+
+@dataclass
+class RunPrecision:
+    """A run's config (a `tepo.config.RunConfig`) with its precision resolved, the resolution, and the warning
+    lines to print at start."""
+
+    config: Any
+    precision: Precision
+    warnings: list[str]
+
+
+def resolve_run_precision(config, device, *, recorded: dict | None = None) -> RunPrecision:
+    """``config`` (a `tepo.config.RunConfig`) with ``model.autocast_bf16``, ``rollout.autocast_bf16`` and
+    ``rollout.vllm.dtype`` resolved for ``device`` by :func:`resolve_precision` (``auto`` -> the hardware's choice).
+
+    ``recorded``: the run directory's ``precision.json`` when resuming. Its values are already in the saved config
+    (explicit there), so the run keeps the precision it started with; the reason then says where it was chosen, and
+    a precision that is slow on this machine is said in one line instead of the explicit-setting warning.
+    """
+    precision, warnings = resolve_precision(
+        config.model.autocast_bf16, config.rollout.autocast_bf16, config.rollout.vllm.dtype, str(device)
+    )
+    if recorded is not None:
+        precision, warnings = _kept_precision(precision, warnings, recorded)
+    resolved = dataclasses.replace(
+        config,
+        model=dataclasses.replace(config.model, autocast_bf16=precision.model_autocast_bf16),
+        rollout=dataclasses.replace(
+            config.rollout,
+            autocast_bf16=precision.rollout_autocast_bf16,
+            vllm=dataclasses.replace(config.rollout.vllm, dtype=precision.vllm_dtype),
+        ),
+    )
+    # Not a field, so replace() dropped it: the renamed keys' notes still reach config_warnings at start.
+    resolved.renamed_key_notes = list(getattr(config, "renamed_key_notes", ()))
+    return RunPrecision(resolved, precision, warnings)
+
+
+def _kept_precision(precision: Precision, warnings: list[str], recorded: dict) -> tuple[Precision, list[str]]:
+    """A resumed run's precision (as its saved config has it) with the reason saying where it was chosen, and at
+    most one line of warning: that it was chosen on other hardware, slow here or not."""
+    slow = (
+        " (bf16 is emulated on this machine, where it is up to 28x slower than float32)" if warnings else ""
+    )
+    warnings = (
+        [
+            f"this run keeps the precision it started with on {recorded.get('hardware', 'another machine')} "
+            f"(recorded in {PRECISION_FILE}){slow}"
+        ]
+        if warnings or recorded.get("hardware") != precision.hardware
+        else []
+    )
+    precision = dataclasses.replace(
+        precision,
+        reason=f"kept from the run's start: {recorded.get('reason', '?')}; now on {precision.hardware}",
+    )
+    return precision, warnings

@@ -125,7 +125,7 @@ def test_a_saved_flat_config_yaml_loads_with_one_line_and_is_saved_under_the_new
 
 
 def test_the_note_survives_the_precision_resolution_so_the_trainer_prints_it():
-    from tepo.training.trainer import resolve_run_precision
+    from tepo.precision import resolve_run_precision
 
     config = load_config(None, ["rollout.parity_check=false"])
     resolved = resolve_run_precision(config, "cpu").config

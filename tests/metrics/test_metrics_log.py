@@ -28,11 +28,19 @@ def _lines(path) -> list[str]:
 
 def test_rows_round_trip_with_nonfinite_values_as_strings(tmp_path):
     log = MetricsLog(tmp_path)
-    log.append({"step": 1, "loss": 0.5, "grad_norm": float("nan"), "lr": torch.tensor(2e-5), "note": "x"})
-    log.append({"step": 2, "loss": float("inf"), "grad_norm": float("-inf")})
+    log.append(
+        {
+            "step": 1,
+            "update/loss": 0.5,
+            "update/grad_norm": float("nan"),
+            "update/lr": torch.tensor(2e-5),
+            "note": "x",
+        }
+    )
+    log.append({"step": 2, "update/loss": float("inf"), "update/grad_norm": float("-inf")})
     log.close()
     rows = [_strict(line) for line in _lines(tmp_path / "metrics.jsonl")]
-    # Written with the grouped names (tepo.metrics.names); a key the table does not know ("note") as it is.
+    # Written as given (the phases name their metrics in their groups: tepo.metrics.names).
     assert rows[0] == {
         "step": 1,
         "update/loss": 0.5,
@@ -65,7 +73,7 @@ def test_reopening_after_a_torn_write_starts_the_next_row_on_its_own_line(tmp_pa
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2, "lo')  # killed inside the write of step 2
     log = MetricsLog(tmp_path)
-    log.append({"step": 2, "loss": 0.5})
+    log.append({"step": 2, "update/loss": 0.5})
     assert _lines(path) == ['{"step": 1}', '{"step": 2, "update/loss": 0.5}']
     path.write_text('{"st')  # the only line is torn
     MetricsLog(tmp_path).append({"step": 1})

@@ -16,11 +16,18 @@ from tepo.config import load_config
 from tepo.metrics import MetricsLog, read_metrics
 
 ROWS = [
-    {"step": 1, "loss": 0.5, "reward": 1.0, "clipped": True, "note": "x", "grad_norm": float("nan")},
-    {"step": 2, "loss": 0.25, "reward": 0.0, "lr": 2e-5},
+    {
+        "step": 1,
+        "update/loss": 0.5,
+        "reward": 1.0,
+        "clipped": True,
+        "note": "x",
+        "update/grad_norm": float("nan"),
+    },
+    {"step": 2, "update/loss": 0.25, "reward": 0.0, "update/lr": 2e-5},
 ]
-# What a sink must receive: the numeric, finite, non-boolean values of each row, at the row's step, by grouped
-# name (a key the name table does not know, such as "reward", as it is).
+# What a sink must receive: the numeric, finite, non-boolean values of each row, at the row's step, by the names
+# the row has (the phases name their metrics in their groups).
 EXPECTED = {
     1: {"step": 1, "update/loss": 0.5, "reward": 1.0},
     2: {"step": 2, "update/loss": 0.25, "reward": 0.0, "update/lr": 2e-5},

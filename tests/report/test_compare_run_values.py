@@ -45,3 +45,12 @@ def test_one_value_apart_is_named_and_fails(tmp_path, capsys):
     assert script.main([str(before), str(after)]) == 1
     out = capsys.readouterr().out
     assert "step 1: update/loss: 0.25 != 0.2500001" in out and "1 differ" in out
+
+
+def test_without_eval_compares_the_steps_only(tmp_path, capsys):
+    script = load_script("compare_run_values")
+    before = _run(tmp_path / "before", [FLAT[0] | {"eval_greedy_accuracy": 0.5}], SUMMARY)
+    after = _run(tmp_path / "after", GROUPED, {"before": {}, "after": {}})  # made with eval.size=0
+    assert script.main([str(before), str(after), "--without-eval"]) == 0
+    assert "compared 3 values, 0 differ" in capsys.readouterr().out  # step, loss, reward
+    assert script.main([str(before), str(after)]) == 1  # the held-out values are missing

@@ -125,6 +125,7 @@ def test_make_rollout_from_config_builds_and_logs_the_choice(embedded_model):
         assert isinstance(backend, HFRollout) and isinstance(backend, RolloutBackend)
         assert backend.autocast_bf16 is False and backend.max_batch_size == 4
         assert backend.last_sync_seconds is None and backend.pad_token_id == tokenizer.pad_token_id
+        assert backend.parity_guard is None  # no engine of its own: nothing to check (#45: no getattr)
     assert lines == ["rollout: hf (rollout.backend=hf)"]
 
     # auto without a usable vLLM: hf, and the log says why vllm was passed over.

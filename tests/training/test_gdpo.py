@@ -243,7 +243,7 @@ def test_collect_scores_each_function_and_sums_them_with_weights(pool):
     assert got.reward_components.tolist() == [[1.0, 1.0], [0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]
     assert got.rewards.tolist() == [1.5, 0.0, 1.0, 0.5]  # 1 * correctness + 0.5 * format
     m = got.metrics  # first round only, like reward_mean
-    assert (m["reward/correctness_mean"], m["reward/format_mean"], m["reward_mean"]) == (0.25, 0.5, 0.25)
+    assert (m["reward/correctness_mean"], m["reward/format_mean"], m["reward/mean"]) == (0.25, 0.5, 0.25)
 
 
 def test_default_functions_leave_the_rewards_as_correctness(pool):

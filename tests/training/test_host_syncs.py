@@ -147,12 +147,14 @@ def test_a_non_finite_loss_still_skips_and_counts_the_step():
     before = torch.cat([p.detach().flatten() for p in tiny_llama(0).parameters()])
     out, _, model = _update(2, advantages=advantages)
     after = torch.cat([p.detach().flatten() for p in model.parameters()])
-    assert out["skipped_updates"] == 1 and out["optimizer_updates"] == 0
+    assert out["update/skipped_updates"] == 1 and out["update/optimizer_updates"] == 0
     assert torch.equal(before, after)  # nothing applied
     # The token views cover the micro-batches up to and including the bad one, as when the loop stopped there.
     assert out["token_entropy"][:10].abs().sum() > 0
     assert out["token_entropy"][10:].abs().sum() == 0
     # Metrics: the four micro-batches before the bad one (finite values only).
     assert all(
-        v == v for k, v in out.items() if isinstance(v, float) and k not in ("grad_norm", "grad_norm_max")
+        v == v
+        for k, v in out.items()
+        if isinstance(v, float) and k not in ("update/grad_norm", "update/grad_norm_max")
     )

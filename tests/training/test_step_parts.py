@@ -74,9 +74,9 @@ def test_train_step_runs_from_parts_built_without_a_trainer(tiny_model_dir, tmp_
     assert isinstance(parts, StepParts) and not plan.needs_old_pass
     before = [p.detach().clone() for p in parts.model.parameters()]
     row = train_step(parts, plan, pool, step=4)
-    assert row["step"] == 5 and row["num_sequences"] == 4
-    assert row["optimizer_updates"] == 1
-    assert "mismatch_kl_k3" in row  # the HF sampler's own log-probs
+    assert row["step"] == 5 and row["rollout/num_sequences"] == 4
+    assert row["update/optimizer_updates"] == 1
+    assert "mismatch/kl_k3" in row  # the HF sampler's own log-probs
     assert any(not torch.equal(a, b) for a, b in zip(before, parts.model.parameters(), strict=True))
     # The step writes nothing back into its parts.
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -125,7 +125,7 @@ def test_an_in_update_correction_is_computed_once_and_its_metrics_are_the_whole_
     assert not plan.needs_old_pass and plan.update_correction is not None
     seen = _count_corrections(monkeypatch)
     row = train_step(parts, plan, pool, step=0)
-    n = row["num_sequences"]
+    n = row["rollout/num_sequences"]
     assert seen["update_rows"] == n, "each row's weights once"
     assert seen["step_rows"] == 0, "no second whole-batch computation for the metrics"
     batch = seen["batch"]
@@ -145,8 +145,8 @@ def test_with_an_old_pass_the_step_computes_the_correction_once(tiny_model_dir, 
     seen = _count_corrections(monkeypatch)
     row = train_step(parts, plan, pool, step=0)
     assert seen["update_rows"] == 0
-    assert seen["step_rows"] == row["num_sequences"]
-    assert "is_dropped_frac" in row
+    assert seen["step_rows"] == row["rollout/num_sequences"]
+    assert "mismatch/is_dropped_frac" in row
 
 
 class _StagingRollout(HFRollout):
@@ -176,7 +176,7 @@ def test_an_overlapped_rollout_samples_from_the_parts_what_the_step_would(tiny_m
     finally:
         prefetch.close()
     assert parts.rollout.staged == 0
-    assert collected.metrics["policy_lag"] == 1
+    assert collected.metrics["rollout/policy_lag"] == 1
     # The same prompts and seeds as the synchronous loop: a fresh stream gives the same batch.
     again = collect_step(
         dataclasses.replace(parts, stream=PromptStream(parts.stream.problems, seed=0)), pool, 0
@@ -184,4 +184,4 @@ def test_an_overlapped_rollout_samples_from_the_parts_what_the_step_would(tiny_m
     assert collected.batch.texts == again.batch.texts
     assert torch.equal(collected.rewards, again.rewards)
     row = train_step(parts, plan, pool, 0, collected)
-    assert row["policy_lag"] == 1 and row["optimizer_updates"] == 1
+    assert row["rollout/policy_lag"] == 1 and row["update/optimizer_updates"] == 1

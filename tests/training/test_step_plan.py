@@ -9,8 +9,14 @@ import pytest
 
 from tepo.config import AlgorithmConfig, load_config
 from tepo.losses.rollout_correction import AUTO_ROLLOUT_CORRECTION
-from tepo.training.plan import StepPlan, needs_reference_model, plan_step, resolve_rollout_correction
-from tepo.training.update import RolloutCorrection
+from tepo.training.plan import (
+    MiniBatchStatsPass,
+    RolloutCorrection,
+    StepPlan,
+    needs_reference_model,
+    plan_step,
+    resolve_rollout_correction,
+)
 
 
 def _plan(*overrides: str, backend: str = "hf") -> StepPlan:
@@ -128,3 +134,45 @@ def test_resolve_takes_the_backend_the_trainer_resolved():
     config = load_config(None, ["rollout.backend=hf"])
     assert resolve_rollout_correction(config, backend="hf") == "none"
     assert AUTO_ROLLOUT_CORRECTION == "tis"
+
+
+@pytest.mark.parametrize(
+    "overrides, stats, old_pass",
+    [
+        ([], None, False),
+        (["algorithm.loss=clip_cov"], MiniBatchStatsPass(entropy=False, loss_statistics=True), True),
+        # A batch-wide selection alone: the update's own no-grad pass gives its statistics, no old pass.
+        (
+            ["algorithm.loss_options.top_entropy_quantile=0.3"],
+            MiniBatchStatsPass(entropy=True, loss_statistics=False),
+            False,
+        ),
+        (
+            ["algorithm.loss=dapo", "algorithm.loss_options.m2po_threshold=0.05"],
+            MiniBatchStatsPass(entropy=False, loss_statistics=False),
+            False,
+        ),
+    ],
+)
+def test_the_plan_decides_the_mini_batch_statistics_pass(overrides, stats, old_pass):
+    """One decision (#45): the step plan and the update plan the trainer builds from it name the same pass."""
+    from tepo.config import loss_options
+    from tepo.training.plan import UpdatePlan, UpdateSettings
+    from update_runs import logprob_settings
+
+    config = load_config("default", overrides)
+    plan = plan_step(config, backend="hf")
+    assert plan.mini_batch_stats == stats
+    assert plan.needs_old_pass is old_pass
+    settings = UpdateSettings(config.algorithm.loss, loss_options(config.algorithm), 1, 1, 2, 1.0, 8.0)
+    assert UpdatePlan(settings, logprob_settings(2)).stats == stats
+
+
+def test_only_the_first_update_reads_the_old_pass_and_only_what_it_gave():
+    need = MiniBatchStatsPass(entropy=True, loss_statistics=False)
+    assert need.reads_old_pass(first_update=True, old_logp=True, old_entropy=True)
+    assert not need.reads_old_pass(first_update=False, old_logp=True, old_entropy=True)
+    assert not need.reads_old_pass(first_update=True, old_logp=True, old_entropy=False)  # entropy is needed
+    assert MiniBatchStatsPass(entropy=False, loss_statistics=True).reads_old_pass(
+        first_update=True, old_logp=True, old_entropy=False
+    )

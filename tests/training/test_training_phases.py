@@ -79,11 +79,11 @@ def test_dynamic_sampling_drops_equal_groups_refills_and_cuts_to_the_batch_size(
     index = got.batch.prompt_index.tolist()  # labels, not positions: rows of one prompt share one
     assert index[0] == index[1] != index[2] == index[3]
     m = got.metrics
-    assert (m["rounds"], m["groups_total"], m["groups_dropped"]) == (2, 4, 1)
-    assert m["frac_groups_dropped"] == 0.25
+    assert (m["rollout/rounds"], m["rollout/groups_total"], m["rollout/groups_dropped"]) == (2, 4, 1)
+    assert m["rollout/frac_groups_dropped"] == 0.25
     # Reward metrics describe the first round only (the refill is biased toward mixed groups).
-    assert m["reward_mean"] == 0.75 and m["accuracy"] == 0.75
-    assert m["gen_seconds"] == 1.0
+    assert m["reward/mean"] == 0.75 and m["reward/accuracy"] == 0.75
+    assert m["time/gen_seconds"] == 1.0
     assert stream.state_dict() == {"epoch": 0, "offset": 4}
 
 
@@ -93,15 +93,15 @@ def test_dynamic_sampling_that_keeps_nothing_returns_no_batch(pool):
         rollout, problem_stream(3), pool, prompts=1, dynamic_sampling=True, max_resample_rounds=1
     )
     assert got.batch is None and got.rewards is None
-    assert got.metrics["groups_dropped"] == 2 and got.metrics["rounds"] == 2
+    assert got.metrics["rollout/groups_dropped"] == 2 and got.metrics["rollout/rounds"] == 2
 
 
 def test_without_dynamic_sampling_one_round_is_taken_as_is(pool):
     rollout = ScriptedRollout([[RIGHT, RIGHT, WRONG, "no answer here"]])
     got = collect_scripted(rollout, problem_stream(4), pool, seed=9)
     assert got.rewards.tolist() == [1.0, 1.0, 0.0, 0.0]
-    assert got.statuses[3] == "no_answer" and got.metrics["no_answer"] == 1
-    assert "groups_total" not in got.metrics or got.metrics["groups_total"] == 0
+    assert got.statuses[3] == "no_answer" and got.metrics["reward/no_answer"] == 1
+    assert "rollout/groups_total" not in got.metrics or got.metrics["rollout/groups_total"] == 0
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -185,6 +185,6 @@ def test_overlong_shaping_adds_the_length_penalty_but_groups_are_filtered_on_cor
     got = collect_scripted(rollout, problem_stream(2), pool, dynamic_sampling=True, overlong=overlong)
     assert got.rewards.tolist() == [0.0, 0.0]  # group 1 only: 1 - 1 (3 tokens) and 0 + 0 (1 token)
     assert got.batch.texts == [RIGHT, WRONG]
-    assert got.metrics["groups_dropped"] == 1
-    assert got.metrics["reward_mean"] == 0.25, "reward_mean stays correctness"
-    assert got.metrics["overlong_penalty_mean"] == -0.375
+    assert got.metrics["rollout/groups_dropped"] == 1
+    assert got.metrics["reward/mean"] == 0.25, "reward/mean stays correctness"
+    assert got.metrics["reward/overlong_penalty_mean"] == -0.375

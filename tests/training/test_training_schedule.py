@@ -93,7 +93,7 @@ def test_a_skipped_update_still_advances_the_schedule(monkeypatch):
         plan,
         generator=torch.Generator().manual_seed(0),
     )
-    assert (out["skipped_updates"], out["optimizer_updates"]) == (1, 1)
+    assert (out["update/skipped_updates"], out["update/optimizer_updates"]) == (1, 1)
     # Two planned updates (one per group): warm-up factor (2 + 1) / 4 whether or not the first was applied.
     assert scheduler.last_epoch == 2
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.75)

@@ -32,7 +32,7 @@ def test_covariance_losses_update_the_same_for_every_micro_batch_size(
     # As the trainer runs these losses: with old log-probs from a pass before the update.
     # The old policy is the current one shifted by +-0.25 nats per token: ratios clearly away from 1, so that
     # kl_cov's |logp - old_logp| has a definite sign (at ratio 1 its gradient would be float-rounding noise).
-    old_logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
+    old_logp = batch_logprobs(model, batch, _settings(32), entropy=False).logp
     signs = torch.sign(torch.randn(old_logp.shape, generator=torch.Generator().manual_seed(2)))
     old_logp = (old_logp + 0.25 * signs) * batch.response_mask
     start = torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -48,7 +48,7 @@ def test_covariance_losses_update_the_same_for_every_micro_batch_size(
 @pytest.mark.parametrize("mode", ["tis", "seq_tis"])
 def test_correction_in_the_micro_batch_loop_equals_precomputed_weights_for_every_size(model, batch, mode):
     batch = _with_sampler_logp(batch, model)
-    old_logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
+    old_logp = batch_logprobs(model, batch, _settings(32), entropy=False).logp
     weights, keep, _ = rollout_correction_weights(
         old_logp, batch.rollout_logp, batch.response_mask, mode=mode
     )
@@ -66,7 +66,7 @@ def test_correction_in_the_micro_batch_loop_equals_precomputed_weights_for_every
 @pytest.mark.parametrize("loss", ["tepo", "grpo", "dr_grpo"])
 def test_dropping_correction_leaves_the_counts_and_is_micro_batch_invariant(model, batch, loss):
     batch = _with_sampler_logp(batch, model)
-    old_logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
+    old_logp = batch_logprobs(model, batch, _settings(32), entropy=False).logp
     weights, keep, _ = rollout_correction_weights(
         old_logp, batch.rollout_logp, batch.response_mask, mode="mis"
     )

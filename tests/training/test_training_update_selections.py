@@ -31,7 +31,7 @@ def test_token_selections_update_the_same_for_every_micro_batch_size(model, batc
     batch = _with_sampler_logp(batch, model)
     old_logp = None
     if with_old:  # as after a pre-update pass: the old policy shifted off ratio 1
-        old_logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
+        old_logp = batch_logprobs(model, batch, _settings(32), entropy=False).logp
         signs = torch.sign(torch.randn(old_logp.shape, generator=torch.Generator().manual_seed(3)))
         old_logp = (old_logp + 0.2 * signs) * batch.response_mask
     plain = {k: v for k, v in options.items() if k in ("kl_cov_ratio", "eps")}
@@ -53,7 +53,7 @@ def test_rollout_logp_reaches_the_loss_as_behaviour(model, batch):
     # _with_sampler_logp shifts the sampler up on the later (positive-advantage) rows, where q > p keeps every
     # token: mirror the shift so both masks have tokens to catch.
     sampled = _with_sampler_logp(batch, model)
-    trainer_logp, _ = batch_logprobs(model, batch, _settings(32), entropy=False)
+    trainer_logp = batch_logprobs(model, batch, _settings(32), entropy=False).logp
     sampled.rollout_logp = (2 * trainer_logp - sampled.rollout_logp) * batch.response_mask
     # The tiny model's token probabilities are ~1/97, so the sampler's shift of up to 1 nat moves p - q by ~0.01.
     options = {"delta_low": 1e-4, "delta_high": 1e-4}

@@ -182,6 +182,19 @@ def register_advantage_estimator(
     return decorator
 
 
+#: Names other frameworks register that tepo refuses, each with the one line saying why (the message of
+#: :func:`get_advantage_estimator` and of the config check). Filled by the modules that decide the refusal
+#: (:func:`refuse_advantage_estimator`), so the registry depends on none of them.
+REFUSED_ESTIMATORS: dict[str, str] = {}
+
+
+def refuse_advantage_estimator(name: str, why: str) -> None:
+    """Record ``name`` as deliberately not offered, ``why`` being the one line a user who asks for it reads."""
+    if name in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"advantage estimator {name!r} is registered; it cannot also be refused")
+    REFUSED_ESTIMATORS[name] = why
+
+
 def list_advantage_estimators() -> list[str]:
     """Registered estimator names, in registration order."""
     return list(ADVANTAGE_ESTIMATORS)
@@ -192,8 +205,6 @@ def get_advantage_estimator(name: str) -> AdvantageEstimator:
     try:
         return ADVANTAGE_ESTIMATORS[name]
     except (KeyError, TypeError):
-        from tepo.advantages.frameworks import REFUSED_ESTIMATORS
-
         if isinstance(name, str) and name in REFUSED_ESTIMATORS:
             raise ValueError(
                 f"advantage estimator {name!r} is not offered: {REFUSED_ESTIMATORS[name]}"

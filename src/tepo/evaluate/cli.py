@@ -292,7 +292,7 @@ def run_eval(args) -> int:
     try:
         tasks = build_tasks(args)  # data problems surface before the model loads
         reward_functions = eval_reward_functions(args.reward_function)  # and bad reward files
-        from tepo.config import HfRolloutConfig, RolloutConfig, VllmConfig
+        from tepo.config import HfRolloutConfig, ParityConfig, RolloutConfig, VllmConfig
         from tepo.evaluate.loading import describe_model, load_eval_model
         from tepo.evaluate.runner import evaluate_benchmarks, results_table
         from tepo.rollout import make_rollout_from_config
@@ -316,6 +316,7 @@ def run_eval(args) -> int:
             # A vLLM engine computes in the model's --dtype too (float32 on CPU unless --dtype bfloat16, which
             # vLLM's CPU build runs about 2x faster).
             vllm=VllmConfig(dtype=str(dtype).removeprefix("torch.")),
+            parity=ParityConfig(check=False),  # the weights never change here: no sync to check
         )
         output_dir.mkdir(parents=True, exist_ok=True)
         backend = make_rollout_from_config(

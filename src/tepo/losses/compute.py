@@ -140,11 +140,9 @@ def compute_policy_loss(
     not the regularizers (entropy, KL to the reference, TEPO's KL mask), as verl applies ``rollout_is_weights``
     to ``pg_losses`` alone. None computes exactly what a call without them computes.
 
-    ``batch_stats`` is this call's slice of `tepo.losses.mini_batch_stats` for losses with
-    ``spec.needs_batch_stats`` (``stats.rows(rows, cols)``); it is handed to the loss's statistics option. It also
-    carries the mini-batch selections of ``top_entropy_quantile`` / ``m2po_threshold`` (without it, a call
-    selects among its own tokens).
-
+    ``batch_stats`` is this call's slice of `tepo.losses.mini_batch_stats` (``stats.rows(rows, cols)``), handed
+    to the statistics option of a loss with ``spec.needs_batch_stats``; it also carries the mini-batch selections
+    of ``top_entropy_quantile`` / ``m2po_threshold`` (without it, a call selects among its own tokens).
     ``rollout_logp`` ([N, T], optional, detached) is the sampler's log-prob of each token, the "behaviour"
     policy of dppo_tv / dppo_kl, ``off_policy_mask`` and ``m2po_threshold``; without it they use ``old_logp``.
 
@@ -158,23 +156,15 @@ def compute_policy_loss(
     ``m2po_threshold=tau`` (M2PO: drop the largest (logp - behaviour)^2 until their kept mean is <= tau). A
     dropped token's policy term is 0 and it stays in the token count.
 
-    Metrics (python floats, over this call's valid tokens; inside ``tepo.losses._common.deferred_metrics()``
-    they stay on the device as ``DeferredValue`` objects, read in one transfer by ``resolve_values``, so a GPU
-    is not stalled once per metric): ``policy_loss``, ``loss``, ``clip_frac_low``, ``clip_frac_high`` (plus
-    ``seq_clip_frac_*`` for sequence ratios), ``approx_kl`` (k3 estimate of KL(pi_old || pi_theta): r - 1 - log r), ``ratio_mean``, ``ratio_max``, ``entropy`` (when given), and each
-    active regularizer's value (``entropy_bonus``, ``kl_ref``, ``tepo_kl_mask``, ``tepo_kl_mask_frac``).
+    Metrics (python floats over this call's valid tokens; under ``deferred_metrics()`` device values read in one
+    transfer by ``resolve_values``): ``policy_loss``, ``loss``, ``clip_frac_low``, ``clip_frac_high`` (plus
+    ``seq_clip_frac_*`` for sequence ratios), ``approx_kl`` (k3 of KL(pi_old || pi_theta): r - 1 - log r),
+    ``ratio_mean``, ``ratio_max``, ``entropy`` (when given), each active regularizer's value (``entropy_bonus``,
+    ``kl_ref``, ``tepo_kl_mask``, ``tepo_kl_mask_frac``).
     """
     spec = get_policy_loss(name)
     own, common = _split_options(spec, options)
-    batch_stats, selection_stats = _split_batch_stats(batch_stats)
-    if batch_stats is not None:
-        if not spec.needs_batch_stats:
-            raise ValueError(
-                f"policy loss {name!r} takes no batch_stats (its spec.needs_batch_stats is False)"
-            )
-        if spec.batch_stats_option in options:
-            raise ValueError(f"pass either batch_stats or {spec.batch_stats_option}, not both")
-        own[spec.batch_stats_option] = batch_stats
+    selection_stats = _hand_batch_stats(spec, own, options, batch_stats)
     inputs = prepare_inputs(
         logp=logp,
         old_logp=old_logp,
@@ -189,8 +179,40 @@ def compute_policy_loss(
         is_weights=is_weights,
         rollout_logp=rollout_logp,
     )
+    _check_required_inputs(spec, common, inputs)
+    agg = common["agg"] or spec.default_agg
+    policy_loss, metrics = _policy_term(spec, inputs, own, common, selection_stats, agg)
+    regularizers, regularizer_metrics = _regularizers(inputs, common, agg)
+    total = policy_loss
+    for term in regularizers:  # one by one, in their order: the same float sums as one expression
+        total = total + term
+    metrics.update(regularizer_metrics)
+    metrics["policy_loss"] = scalar_value(policy_loss)
+    metrics["loss"] = scalar_value(total)
+    return total, metrics
+
+
+def _hand_batch_stats(
+    spec: PolicyLossSpec, own: dict[str, Any], options: dict[str, Any], batch_stats: Any
+) -> SelectionStats | None:
+    """Put the loss's share of ``batch_stats`` into its own options (``spec.batch_stats_option``); returns the
+    selection options' share."""
+    loss_stats, selection_stats = _split_batch_stats(batch_stats)
+    if loss_stats is not None:
+        if not spec.needs_batch_stats:
+            raise ValueError(
+                f"policy loss {spec.name!r} takes no batch_stats (its spec.needs_batch_stats is False)"
+            )
+        if spec.batch_stats_option in options:
+            raise ValueError(f"pass either batch_stats or {spec.batch_stats_option}, not both")
+        own[spec.batch_stats_option] = loss_stats
+    return selection_stats
+
+
+def _check_required_inputs(spec: PolicyLossSpec, common: dict[str, Any], inputs) -> None:
+    """A clear error for every tensor the loss or an active option reads that was not given."""
     for tensor_name in spec.requires:
-        _require(tensor_name, getattr(inputs, tensor_name) is not None, f"policy loss {name!r}")
+        _require(tensor_name, getattr(inputs, tensor_name) is not None, f"policy loss {spec.name!r}")
     if common["entropy_coef"] != 0:
         _require("entropy", inputs.entropy is not None, "entropy_coef != 0")
     if common["kl_coef"] != 0:
@@ -201,12 +223,23 @@ def compute_policy_loss(
     if common["top_entropy_quantile"] is not None:
         _require("entropy", inputs.entropy is not None, "top_entropy_quantile")
 
-    agg = common["agg"] or spec.default_agg
+
+def _policy_term(
+    spec: PolicyLossSpec,
+    inputs,
+    own: dict[str, Any],
+    common: dict[str, Any],
+    selection_stats: SelectionStats | None,
+    agg: str,
+) -> tuple[torch.Tensor, dict]:
+    """The registered loss's per-token term, less the tokens a selection drops, times the importance weights,
+    aggregated; and its metrics with the ratio's (over the call's valid tokens)."""
     loss_mat, loss_metrics = spec.fn(inputs, **own)
     if not isinstance(loss_mat, torch.Tensor) or loss_mat.shape != inputs.logp.shape:
         got = tuple(loss_mat.shape) if isinstance(loss_mat, torch.Tensor) else type(loss_mat).__name__
         raise ValueError(
-            f"policy loss {name!r} must return a per-token loss of shape {tuple(inputs.logp.shape)}, got {got}"
+            f"policy loss {spec.name!r} must return a per-token loss of shape {tuple(inputs.logp.shape)}, "
+            f"got {got}"
         )
     keep, selection_metrics = select_tokens(inputs, common, selection_stats)
     if keep is not None:
@@ -215,8 +248,6 @@ def compute_policy_loss(
         loss_mat = loss_mat * inputs.is_weights
     counts = {"num_tokens": inputs.num_tokens, "num_seqs": inputs.num_seqs, "max_len": inputs.max_len}
     policy_loss = aggregate(loss_mat, inputs.mask, agg, **counts)
-    total = policy_loss
-
     valid = inputs.mask
     log_ratio = (inputs.logp - inputs.old_logp).detach()
     ratio = torch.exp(log_ratio)
@@ -231,23 +262,28 @@ def compute_policy_loss(
     }
     if inputs.entropy is not None:
         metrics["entropy"] = masked_mean_value(inputs.entropy, valid)
+    return policy_loss, metrics
+
+
+def _regularizers(inputs, common: dict[str, Any], agg: str) -> tuple[list[torch.Tensor], dict]:
+    """The active regularizers' terms, in the order they are added to the policy term (entropy bonus, KL to the
+    reference, TEPO's KL mask), and their metrics (``kl_ref`` whenever ``ref_logp`` is given)."""
+    terms, metrics = [], {}
     if common["entropy_coef"] != 0:
         bonus = -common["entropy_coef"] * entropy_term(inputs, agg)
-        total = total + bonus
+        terms.append(bonus)
         metrics["entropy_bonus"] = scalar_value(bonus)
     if inputs.ref_logp is not None:
         kl_ref = kl_ref_term(inputs, agg, common["kl_estimator"])
         metrics["kl_ref"] = scalar_value(kl_ref)
         if common["kl_coef"] != 0:
-            total = total + common["kl_coef"] * kl_ref
+            terms.append(common["kl_coef"] * kl_ref)
     if common["tepo_kl_mask_coef"] != 0:
         term, in_set = tepo_kl_mask_term(inputs)
-        total = total + common["tepo_kl_mask_coef"] * term
+        terms.append(common["tepo_kl_mask_coef"] * term)
         metrics["tepo_kl_mask"] = scalar_value(term)
-        metrics["tepo_kl_mask_frac"] = masked_mean_value(in_set.float(), valid)
-    metrics["policy_loss"] = scalar_value(policy_loss)
-    metrics["loss"] = scalar_value(total)
-    return total, metrics
+        metrics["tepo_kl_mask_frac"] = masked_mean_value(in_set.float(), inputs.mask)
+    return terms, metrics
 
 
 def _metric_value(value: Any):

@@ -7,9 +7,10 @@ missing step. The log also guards itself: opening it drops a torn last line (a k
 step that is already logged (a run killed before its first checkpoint restarts from step 0) first moves that
 row and any later ones to ``metrics.rolledback.jsonl``.
 
-Rows are written with their metric names grouped by phase (``reward/mean``, ``update/clip_frac_high``,
-``time/step_seconds``; :mod:`tepo.metrics.names`), to the file and to the sinks alike; :func:`read_metrics` gives
-the grouped names for a log of either spelling (runs written before the grouping have flat names).
+Rows are written as they come, with the metric names grouped by phase where they were computed (``reward/mean``,
+``update/clip_frac_high``, ``time/step_seconds``; :mod:`tepo.metrics.names`), to the file and to the sinks alike;
+:func:`read_metrics` gives the grouped names for a log of either spelling (runs written before the grouping have
+flat names).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tepo.files import atomic_write_text
-from tepo.metrics.names import canonical, namespaced
+from tepo.metrics.names import canonical
 
 
 def _clean(value: Any) -> Any:
@@ -77,7 +78,7 @@ class MetricsLog:
             truncate_metrics(self.path.parent, step - 1)
         if isinstance(step, int):
             self._last_step = step
-        clean = {key: _clean(value) for key, value in namespaced(row).items()}
+        clean = {key: _clean(value) for key, value in row.items()}
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(clean) + "\n")
             handle.flush()

@@ -1,10 +1,5 @@
-"""Metric names grouped by phase: the one table from the flat names a training step returns to the names the
-log writes.
-
-A step (``tepo.training.step.train_step``) returns a flat row (``reward_mean``, ``clip_frac_high``,
-``step_seconds``, ...), and the console line reads that row. What is written, to ``metrics.jsonl`` and to the
-TensorBoard / W&B sinks, is the row with its keys grouped by the phase that produced them, as verl logs
-``actor/pg_clipfrac``:
+"""Metric names are grouped by the phase that computes them, and named so where they are computed (verl logs
+``actor/pg_clipfrac`` the same way):
 
 - ``rollout/``: sampling and the batch it gave (groups kept and dropped, lengths, truncation, policy lag),
 - ``reward/``: scoring (batch reward and accuracy, verifier time-outs and errors, each reward function's mean),
@@ -16,11 +11,15 @@ TensorBoard / W&B sinks, is the row with its keys grouped by the phase that prod
 - ``time/``: seconds per phase and tokens per second,
 - ``memory/``: peak memory.
 
-``step`` stays at the top level. Runs written before the grouping have the flat names; :func:`canonical`, which
-``tepo.metrics.read_metrics`` applies to every row, gives a reader the grouped names either way, so every
-reader (``tepo compare``, ``tepo report``, the scripts of the results pages) is written against the grouped
-names only and still reads old runs. A key the table does not know (a registered loss's own metric) is written
-and read as it is, and a key that already holds a ``/`` (``reward/<name>_mean``) is already grouped.
+``step`` stays at the top level. The collect phase (``tepo.training.collect``), the update
+(``tepo.training.update``), the step (``tepo.training.step``) and the trainer write these names; a library
+function that names its own values (a loss's ``clip_frac_high``, the guard's ``parity_gap``) is put in its group
+by the phase that logs it (:func:`in_group`). The log writes rows as they come.
+
+What stays here is the reading map: runs written before the grouping (2026-12-05) have flat names, and
+:func:`canonical`, which ``tepo.metrics.read_metrics`` applies to every row, gives them the grouped ones, so every
+reader (``tepo compare``, ``tepo report``, the scripts of the results pages) is written against the grouped names
+only and still reads old runs. The table is that map, old flat name -> grouped name, and nothing writes by it.
 """
 
 from __future__ import annotations
@@ -155,7 +154,7 @@ _GROUPS: dict[str, dict[str, str]] = {
 
 GROUPS = tuple(_GROUPS)
 
-#: flat name (what a step returns, and what runs before the grouping logged) -> grouped name (what is written)
+#: flat name (what runs before the grouping logged) -> grouped name (what is written now)
 NAMES: dict[str, str] = {
     flat: f"{group}/{name}" for group, names in _GROUPS.items() for flat, name in names.items()
 }
@@ -165,28 +164,32 @@ FLAT_NAMES: dict[str, str] = {grouped: flat for flat, grouped in NAMES.items()}
 
 
 def metric_name(key: str) -> str:
-    """The grouped name of ``key``: a flat name by the table, a grouped name (or ``step``, or a key the table does
-    not know) as it is. Readers use it to accept either spelling of a metric (``reward_mean`` or
+    """The grouped name of ``key``: an old flat name by the table, a grouped name (or ``step``, or a key the table
+    does not know) as it is. Readers use it to accept either spelling of a metric (``reward_mean`` or
     ``reward/mean``)."""
     return NAMES.get(key, key)
 
 
 def flat_name(key: str) -> str:
-    """The flat name of ``key`` (``reward/mean`` -> ``reward_mean``); a key without one as it is. Figures are
+    """The old flat name of ``key`` (``reward/mean`` -> ``reward_mean``); a key without one as it is. Figures are
     named after it (``curve_reward_mean.png``), so the files of pages made before the grouping keep their names."""
     return FLAT_NAMES.get(key, key)
 
 
-def namespaced(row: dict) -> dict:
-    """``row`` with its keys grouped (:data:`NAMES`), in the same order: the row as the log writes it."""
+def canonical(row: dict) -> dict:
+    """A row read from a log, old (flat names) or new (grouped names), with the grouped names, in the same order.
+    The table's two sides never share a name (every grouped name holds a ``/``, no flat one does): grouped names
+    and unknown keys pass through."""
     return {metric_name(key): value for key, value in row.items()}
 
 
-def canonical(row: dict) -> dict:
-    """A row read from a log, old (flat names) or new (grouped names), with the grouped names. The table's two
-    sides never share a name (every grouped name holds a ``/``, no flat one does), so this is the same mapping as
-    :func:`namespaced`: grouped names and unknown keys pass through."""
-    return namespaced(row)
+def in_group(group: str, metrics: dict, *, drop_prefix: str = "") -> dict:
+    """``metrics`` named in ``group`` (one of :data:`GROUPS`): ``clip_frac_high`` -> ``update/clip_frac_high``,
+    with ``drop_prefix="parity_"`` ``parity_gap`` -> ``parity/gap``. For the phase that logs the values of a
+    function that names its own (a loss, the parity guard, the mismatch metrics)."""
+    if group not in _GROUPS:
+        raise ValueError(f"unknown metric group {group!r}; groups: {', '.join(GROUPS)}")
+    return {f"{group}/{key.removeprefix(drop_prefix)}": value for key, value in metrics.items()}
 
 
 def unplaced(keys) -> list[str]:
@@ -198,3 +201,9 @@ def unplaced(keys) -> list[str]:
 #: names logged once per item of a list in the config, ``<name>`` standing for the item's name: each function of
 #: ``reward.functions`` (``reward/correctness_mean``, ``reward/format_mean``, a reward file's function name)
 PATTERNS: tuple[str, ...] = ("reward/<name>_mean", "reward/<name>_errors", "reward/<name>_timeouts")
+
+
+def ungrouped(keys) -> list[str]:
+    """The keys among ``keys`` that are neither ``step`` nor grouped (a ``/`` in the name): a test asserts that a
+    training step and the trainer write none."""
+    return [k for k in keys if k != STEP and "/" not in k]

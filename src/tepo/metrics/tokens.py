@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
+
+from tepo.files import atomic_write_text
 
 SAMPLES_DIR = "samples"
 FORMAT = 1
@@ -94,9 +95,7 @@ def record_rollout_tokens(
     out_dir = Path(run_dir) / SAMPLES_DIR
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"step_{step:06d}.json"
-    tmp = out_dir / f".step_{step:06d}.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps({"format": FORMAT, "step": step, "samples": samples}), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_text(path, json.dumps({"format": FORMAT, "step": step, "samples": samples}))
     return path
 
 

@@ -135,6 +135,19 @@ class RolloutBatch:
         return dataclasses.replace(self, **moved, rollout_logp=logp)
 
 
+class WeightSyncCheck(Protocol):
+    """What the trainer and the step call on a backend's check of its weight syncs (the one check there is:
+    :class:`tepo.rollout.parity.ParityGuard`, which the backend runs after each sync)."""
+
+    def unlogged_metrics(self) -> dict | None:
+        """The readings of checks no metrics row holds yet (None when there are none)."""
+        ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
 @runtime_checkable
 class RolloutBackend(Protocol):
     """The whole contract of a generation engine; what the trainer and ``tepo eval`` call, and nothing else.
@@ -158,6 +171,10 @@ class RolloutBackend(Protocol):
     # Seconds the last ``generate`` spent sending changed weights to a separate engine (counted in its
     # ``gen_seconds``); 0.0 when nothing was sent, None for a backend that samples from the trainer's own model.
     last_sync_seconds: float | None
+    # The check that a separate engine samples the trained weights (tepo.rollout.parity.ParityGuard), handed to the
+    # backend when it is built from a config with rollout.parity.check; None for a backend without an engine of
+    # its own. The trainer checkpoints its state and the step logs its unlogged readings.
+    parity_guard: WeightSyncCheck | None
 
     def generate(
         self,

@@ -97,6 +97,7 @@ class HFRollout:
         self.last_sync_seconds = None  # no engine of its own: nothing is ever synced
 
     overlaps_training = False  # it samples from the trainer's own model object, in the trainer's process
+    parity_guard = None  # no engine of its own, so nothing to check (tepo.rollout.parity)
 
     def weights_updated(self) -> None:
         """Nothing to do: this backend samples from the trainer's own model object."""

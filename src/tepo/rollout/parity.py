@@ -214,6 +214,19 @@ class ParityReading:
         return out
 
 
+def parity_guard_from_config(parity_config, engine_dtype: torch.dtype) -> ParityGuard | None:
+    """The guard ``rollout.parity`` asks for (a `tepo.config.ParityConfig`), None when ``check`` is off: built
+    with the backend that syncs weights to an engine of its own, and handed to it (``VLLMRollout.from_config``)."""
+    if not parity_config.check:
+        return None
+    return ParityGuard(
+        parity_config.max_gap,
+        min_shift=parity_config.min_shift,
+        min_share=parity_config.min_share,
+        engine_dtype=engine_dtype,
+    )
+
+
 class ParityGuard:
     """Called by the engine after each weight sync (see :meth:`tepo.rollout.vllm.VLLMRollout.sync_weights`)."""
 

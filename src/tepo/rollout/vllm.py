@@ -53,7 +53,7 @@ from tepo.rollout.base import (
     eos_token_ids,
     last_error_line,
 )
-from tepo.rollout.parity import parity_config_errors
+from tepo.rollout.parity import ParityGuard, parity_config_errors, parity_guard_from_config
 from tepo.rollout.weight_sync import (
     OWNERS_FILE,
     WEIGHTS_DIR_PREFIX,
@@ -154,6 +154,15 @@ def engine_memory_options(
     return options
 
 
+def engine_dtype(dtype: str, model) -> str:
+    """The engine's dtype for ``rollout.vllm.dtype``: as given, or for ``auto`` the hardware's choice
+    (tepo.precision: bfloat16 where the model's device computes it natively, else float32; a trainer passes its
+    resolved value)."""
+    if dtype != "auto":
+        return dtype
+    return "bfloat16" if native_bf16(str(next(model.parameters()).device)).native else "float32"
+
+
 class VLLMRollout:
     """Sampling with vLLM in a server process; same interface and batch layout as :class:`tepo.rollout.HFRollout`.
 
@@ -187,11 +196,11 @@ class VLLMRollout:
         own_core: bool = False,
         gpu_memory_utilization: float = 0.3,
         chunked_prefill: str = "auto",
+        parity_guard: ParityGuard | None = None,
         log=print,
     ):
         del autocast_bf16
-        if dtype == "auto":  # the hardware's choice (tepo.precision); a trainer passes its resolved value
-            dtype = "bfloat16" if native_bf16(str(next(model.parameters()).device)).native else "float32"
+        dtype = engine_dtype(dtype, model)
         if tokenizer.pad_token_id is None:
             raise ValueError(
                 "the tokenizer has no pad token; load it with tepo.models.load_model_and_tokenizer"
@@ -208,7 +217,7 @@ class VLLMRollout:
         self.last_sync_seconds = 0.0
         self.sync_count = 0
         # tepo.rollout.parity.ParityGuard (rollout.parity.check): checked after every synchronous weight sync.
-        self.parity_guard = None
+        self.parity_guard = parity_guard
         self._proc: subprocess.Popen | None = None
         # Before anything is written: a missing interpreter must not leave a model's worth of weights in RAM.
         python = find_vllm_python(python)
@@ -307,6 +316,10 @@ class VLLMRollout:
         if device.type == "cuda":
             log(gpu_share_note(device, rollout_config.vllm.gpu_memory_utilization))
         engine = rollout_config.vllm
+        # Every weight sync checks that the engine samples the trained weights (tepo.rollout.parity).
+        guard = parity_guard_from_config(
+            rollout_config.parity, getattr(torch, engine_dtype(engine.dtype, model))
+        )
         return cls(
             model,
             tokenizer,
@@ -318,6 +331,7 @@ class VLLMRollout:
             log_path=None if run_dir is None else Path(run_dir) / "vllm_server.log",
             own_core=bool(getattr(rollout_config, "async_steps", 0)),  # overlapped with the update
             gpu_memory_utilization=engine.gpu_memory_utilization,
+            parity_guard=guard,
             log=log,
         )
 

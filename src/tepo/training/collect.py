@@ -95,8 +95,8 @@ def collect_rollouts(
 
     With ``overlong`` shaping the returned rewards are correctness plus the length penalty, while dynamic
     sampling still keeps or drops a group by its correctness rewards (verl's DAPO filters on ``acc``): a group
-    that is all wrong stays uninformative about correctness however its lengths differ. ``reward_mean`` and
-    ``accuracy`` stay correctness, so runs with and without shaping compare on the same scale.
+    that is all wrong stays uninformative about correctness however its lengths differ. ``reward/mean`` and
+    ``reward/accuracy`` stay correctness, so runs with and without shaping compare on the same scale.
 
     ``reward_functions``: ``(name, weight)`` pairs (``tepo.rewards.functions``); the rewards are
     ``sum_k weight_k * reward_k`` (plus shaping), ``reward_components`` holds each ``reward_k`` as a column, and
@@ -110,92 +110,162 @@ def collect_rollouts(
     names = [name for name, _ in reward_functions]
     weights = torch.tensor([float(w) for _, w in reward_functions], dtype=torch.float32)
     g = settings.group_size
-    kept_batches, kept_rewards, kept_status, kept_problems, kept_components = [], [], [], [], []
+    kept = _KeptRows()
     stats = defaultdict(float)
     rounds = 1 + (max_resample_rounds if dynamic_sampling else 0)
     first_rewards = None
     for round_index in range(rounds):
         problems = stream.take(prompts)
         batch = sample(rollout, tokenizer, problems, settings, seed + round_index)
-        start = time.perf_counter()
-        scored = score_responses(pool, names, batch.texts, problems, g)
-        stats["reward_seconds"] += time.perf_counter() - start
-        stats["gen_seconds"] += batch.gen_seconds
-        stats["gen_tokens"] += batch.num_generated_tokens
-        device = batch.input_ids.device
-        components = torch.tensor(scored.columns, dtype=torch.float32, device=device).T
-        weighted = components @ weights.to(device)
-        verdicts = scored.verdicts
-        if verdicts is None:  # a task of the user's own: its functions' weighted sum stands for correctness
-            rewards, statuses = weighted, ["scored"] * len(weighted)
-        else:
-            rewards = torch.tensor([v.reward for v in verdicts], dtype=torch.float32, device=device)
-            statuses = [v.status for v in verdicts]
-        shaped = weighted
-        if overlong is not None:
-            penalty = overlong_penalty(
-                batch.response_lengths,
-                max_len=overlong.max_len,
-                buffer_len=overlong.buffer_len,
-                penalty_factor=overlong.penalty_factor,
-            )
-            shaped = shaped + penalty
-            stats["overlong_penalty_sum"] += float(penalty.sum())
-            stats["overlong_penalty_rows"] += len(penalty)
+        scored = _score_round(pool, batch, problems, names, weights, g, overlong, stats)
         if first_rewards is None:
-            first_rewards = rewards
-            for name, column in zip(names, components.T):
+            first_rewards = scored.rewards
+            for name, column in zip(names, scored.components.T):
                 stats[f"reward/{name}_mean"] = float(column.mean())
-        stats["reward_timeouts"] += statuses.count("timeout")
-        stats["reward_errors"] += statuses.count("error")
-        stats["no_answer"] += statuses.count("no_answer")
-        for name in scored.errors:
-            stats[f"reward/{name}_errors"] += scored.errors[name]
-            stats[f"reward/{name}_timeouts"] += scored.timeouts[name]
-        stats["rounds"] += 1
+        stats["reward/timeouts"] += scored.statuses.count("timeout")
+        stats["reward/errors"] += scored.statuses.count("error")
+        stats["reward/no_answer"] += scored.statuses.count("no_answer")
+        for name, count in scored.function_errors.items():
+            stats[f"reward/{name}_errors"] += count
+            stats[f"reward/{name}_timeouts"] += scored.function_timeouts[name]
+        stats["rollout/rounds"] += 1
         if dynamic_sampling:
-            result = filter_groups(rewards, g)
-            stats["groups_total"] += result.metrics["groups_total"]
-            stats["groups_dropped"] += result.metrics["groups_total"] - result.metrics["groups_kept"]
-            keep_rows = result.keep_mask.nonzero().squeeze(1)
-            if len(keep_rows):
-                kept_batches.append(select_rollout_rows(batch, keep_rows))
-                kept_rewards.append(shaped[keep_rows])
-                kept_components.append(components[keep_rows])
-                kept_status += [statuses[i] for i in keep_rows.tolist()]
-                kept_problems += [problems[int(i) // g] for i in keep_rows[::g].tolist()]
+            _keep_varied_groups(kept, batch, problems, scored, g, stats)
         else:
-            kept_batches.append(batch)
-            kept_rewards.append(shaped)
-            kept_components.append(components)
-            kept_status += statuses
-            kept_problems += problems
-        if sum(len(r) for r in kept_rewards) >= prompts * g:
+            kept.add(batch, problems, scored)
+        if kept.num_rows >= prompts * g:
             break
-    stats["reward_mean"] = float(first_rewards.mean())
-    stats["reward_std"] = float(first_rewards.std()) if len(first_rewards) > 1 else 0.0
-    stats["accuracy"] = float((first_rewards > 0.5).float().mean())
+    stats.update(_first_round_summary(first_rewards, stats, overlong))
+    return kept.collected(prompts, g, rollout.pad_token_id, dict(stats))
+
+
+@dataclass(frozen=True)
+class _ScoredRound:
+    """One round's scores: ``rewards`` the correctness reward (what dynamic sampling filters on and the reward
+    metrics describe; the functions' weighted sum when they are the user's own and exclude correctness),
+    ``shaped`` what advantages are computed from (the functions' weighted sum plus shaping), ``components``
+    ``[N, K]`` each function's reward, ``statuses`` each response's verifier status, and the user's functions'
+    failed calls by name."""
+
+    rewards: Tensor
+    shaped: Tensor
+    components: Tensor
+    statuses: list[str]
+    function_errors: dict[str, int]
+    function_timeouts: dict[str, int]
+
+
+def _score_round(
+    pool, batch: RolloutBatch, problems, names, weights: Tensor, g: int, overlong, stats: dict
+) -> _ScoredRound:
+    """Score one round's responses with every reward function (``tepo.rewards.functions.score_responses``) and
+    weigh them (with the overlong penalty where shaping is on); adds the round's time and token counts to
+    ``stats``."""
+    start = time.perf_counter()
+    scored = score_responses(pool, names, batch.texts, problems, g)
+    stats["time/reward_seconds"] += time.perf_counter() - start
+    stats["time/gen_seconds"] += batch.gen_seconds
+    stats["rollout/gen_tokens"] += batch.num_generated_tokens
+    device = batch.input_ids.device
+    components = torch.tensor(scored.columns, dtype=torch.float32, device=device).T
+    weighted = components @ weights.to(device)
+    if (
+        scored.verdicts is None
+    ):  # a task of the user's own: its functions' weighted sum stands for correctness
+        rewards, statuses = weighted, ["scored"] * len(weighted)
+    else:
+        rewards = torch.tensor([v.reward for v in scored.verdicts], dtype=torch.float32, device=device)
+        statuses = [v.status for v in scored.verdicts]
+    shaped = weighted
     if overlong is not None:
-        stats["overlong_penalty_mean"] = stats.pop("overlong_penalty_sum") / stats.pop(
+        penalty = overlong_penalty(
+            batch.response_lengths,
+            max_len=overlong.max_len,
+            buffer_len=overlong.buffer_len,
+            penalty_factor=overlong.penalty_factor,
+        )
+        shaped = shaped + penalty
+        stats["overlong_penalty_sum"] += float(penalty.sum())
+        stats["overlong_penalty_rows"] += len(penalty)
+    return _ScoredRound(rewards, shaped, components, statuses, dict(scored.errors), dict(scored.timeouts))
+
+
+@dataclass
+class _KeptRows:
+    """The rows kept over the rounds, in order (whole groups of G rows)."""
+
+    batches: list[RolloutBatch] = field(default_factory=list)
+    rewards: list[Tensor] = field(default_factory=list)
+    components: list[Tensor] = field(default_factory=list)
+    statuses: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return sum(len(r) for r in self.rewards)
+
+    def add(self, batch: RolloutBatch, problems, scored: _ScoredRound) -> None:
+        self.batches.append(batch)
+        self.rewards.append(scored.shaped)
+        self.components.append(scored.components)
+        self.statuses += scored.statuses
+        self.problems += problems
+
+    def collected(self, prompts: int, g: int, pad_token_id: int, metrics: dict) -> Collected:
+        """The kept rows cut to exactly ``prompts`` groups (DAPO trains on the batch size when refills
+        overshoot); no batch when nothing was kept."""
+        if not self.batches:
+            return Collected(batch=None, rewards=None, metrics=metrics)
+        batch = concat_rollouts(self.batches, pad_token_id)
+        rewards, components = torch.cat(self.rewards), torch.cat(self.components)
+        statuses, problems = self.statuses, self.problems
+        limit = prompts * g
+        if len(rewards) > limit:
+            batch = select_rollout_rows(batch, torch.arange(limit, device=batch.input_ids.device))
+            rewards, statuses, problems = rewards[:limit], statuses[:limit], problems[:prompts]
+            components = components[:limit]
+        return Collected(
+            batch=batch,
+            rewards=rewards,
+            statuses=statuses,
+            problems=problems,
+            metrics=metrics,
+            reward_components=components,
+        )
+
+
+def _keep_varied_groups(
+    kept: _KeptRows, batch: RolloutBatch, problems, scored: _ScoredRound, g: int, stats
+) -> None:
+    """Dynamic sampling: keep the round's groups whose correctness rewards differ, count the dropped ones."""
+    result = filter_groups(scored.rewards, g)
+    stats["rollout/groups_total"] += result.metrics["groups_total"]
+    stats["rollout/groups_dropped"] += result.metrics["groups_total"] - result.metrics["groups_kept"]
+    keep_rows = result.keep_mask.nonzero().squeeze(1)
+    if not len(keep_rows):
+        return
+    kept.batches.append(select_rollout_rows(batch, keep_rows))
+    kept.rewards.append(scored.shaped[keep_rows])
+    kept.components.append(scored.components[keep_rows])
+    kept.statuses += [scored.statuses[i] for i in keep_rows.tolist()]
+    kept.problems += [problems[int(i) // g] for i in keep_rows[::g].tolist()]
+
+
+def _first_round_summary(first_rewards: Tensor, stats: dict, overlong) -> dict:
+    """The reward metrics of the first round (later rounds are a biased refill), the mean overlong penalty over
+    every round, and the share of groups dynamic sampling dropped."""
+    out = {
+        "reward/mean": float(first_rewards.mean()),
+        "reward/std": float(first_rewards.std()) if len(first_rewards) > 1 else 0.0,
+        "reward/accuracy": float((first_rewards > 0.5).float().mean()),
+    }
+    if overlong is not None:
+        out["reward/overlong_penalty_mean"] = stats.pop("overlong_penalty_sum") / stats.pop(
             "overlong_penalty_rows"
         )
-    stats["frac_groups_dropped"] = (
-        stats["groups_dropped"] / stats["groups_total"] if stats["groups_total"] else 0.0
+    out["rollout/frac_groups_dropped"] = (
+        stats["rollout/groups_dropped"] / stats["rollout/groups_total"]
+        if stats["rollout/groups_total"]
+        else 0.0
     )
-    if not kept_batches:
-        return Collected(batch=None, rewards=None, metrics=dict(stats))
-    batch = concat_rollouts(kept_batches, rollout.pad_token_id)
-    rewards, components = torch.cat(kept_rewards), torch.cat(kept_components)
-    limit = prompts * g
-    if len(rewards) > limit:
-        batch = select_rollout_rows(batch, torch.arange(limit, device=batch.input_ids.device))
-        rewards, kept_status, kept_problems = rewards[:limit], kept_status[:limit], kept_problems[:prompts]
-        components = components[:limit]
-    return Collected(
-        batch=batch,
-        rewards=rewards,
-        statuses=kept_status,
-        problems=kept_problems,
-        metrics=dict(stats),
-        reward_components=components,
-    )
+    return out

@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -106,43 +107,62 @@ def rows_logprobs(
     return logp, ent, cols
 
 
+class TokenLogprobs(NamedTuple):
+    """A no-grad pass's per-token values, each ``[N, T]`` (0 at padding): ``logp``, and where asked the entropy
+    and ``sum_v pi(v)^2`` (else None)."""
+
+    logp: Tensor
+    entropy: Tensor | None = None
+    sum_pi_squared: Tensor | None = None
+
+
 def batch_logprobs(
     model, batch: RolloutBatch, settings: LogprobSettings, *, entropy: bool, sum_pi_squared: bool = False
-):
+) -> TokenLogprobs:
     """No-grad log-probs (and entropy) of every response token, in micro-batches, padded to ``[N, T]``.
 
-    With ``sum_pi_squared=True`` a third ``[N, T]`` tensor: ``sum_v pi(v)^2`` per position (for estimators that
-    declare ``sum_pi_squared``, the optimal token baseline)."""
+    With ``sum_pi_squared=True`` also ``sum_v pi(v)^2`` per position (for estimators that declare
+    ``sum_pi_squared``, the optimal token baseline)."""
     n, t = batch.response_mask.shape
     device = batch.response_mask.device
-    logp_all = torch.zeros(n, t, device=device)
-    ent_all = torch.zeros(n, t, device=device) if entropy else None
-    pi2_all = torch.zeros(n, t, device=device) if sum_pi_squared else None
+    out = TokenLogprobs(
+        logp=torch.zeros(n, t, device=device),
+        entropy=torch.zeros(n, t, device=device) if entropy else None,
+        sum_pi_squared=torch.zeros(n, t, device=device) if sum_pi_squared else None,
+    )
     lengths = RowLengths.of(batch) if settings.micro_batch_tokens is not None else None
     with held_attention(model, batch, settings):
         for rows in split_rows(torch.arange(n), settings.layout, lengths):
             if sum_pi_squared:
-                ids, att, t_rows, cols = trim_columns(
-                    batch.input_ids[rows], batch.attention_mask[rows], batch.response_len
+                logp, ent, pi2, cols = _rows_with_sum_pi_squared(
+                    model, batch, rows, settings, entropy=entropy
                 )
-                autocast = bf16_autocast(settings.autocast_bf16, autocast_device_type(ids.device))
-                with torch.no_grad(), autocast:
-                    logp, ent, pi2 = response_logprobs(
-                        model,
-                        ids,
-                        att,
-                        t_rows,
-                        compute_entropy=entropy,
-                        temperature=settings.temperature,
-                        prompt_groups=batch.prompt_index[rows] if settings.share_prompt_prefix else None,
-                        compute_sum_pi_squared=True,
-                    )
-                pi2_all[rows, cols] = pi2
+                out.sum_pi_squared[rows, cols] = pi2
             else:
                 logp, ent, cols = rows_logprobs(model, batch, rows, settings, entropy=entropy, grad=False)
-            logp_all[rows, cols] = logp.float()  # float32 also for a float64 model (the exactness tests')
+            out.logp[rows, cols] = logp.float()  # float32 also for a float64 model (the exactness tests')
             if entropy:
-                ent_all[rows, cols] = ent.float()
-    if sum_pi_squared:
-        return logp_all, ent_all, pi2_all
-    return logp_all, ent_all
+                out.entropy[rows, cols] = ent.float()
+    return out
+
+
+def _rows_with_sum_pi_squared(
+    model, batch: RolloutBatch, rows: Tensor, settings: LogprobSettings, *, entropy: bool
+) -> tuple[Tensor, Tensor | None, Tensor, slice]:
+    """:func:`rows_logprobs` without a graph, plus ``sum_v pi(v)^2`` of each of the rows' response tokens."""
+    ids, att, t_rows, cols = trim_columns(
+        batch.input_ids[rows], batch.attention_mask[rows], batch.response_len
+    )
+    autocast = bf16_autocast(settings.autocast_bf16, autocast_device_type(ids.device))
+    with torch.no_grad(), autocast:
+        logp, ent, pi2 = response_logprobs(
+            model,
+            ids,
+            att,
+            t_rows,
+            compute_entropy=entropy,
+            temperature=settings.temperature,
+            prompt_groups=batch.prompt_index[rows] if settings.share_prompt_prefix else None,
+            compute_sum_pi_squared=True,
+        )
+    return logp, ent, pi2, cols

@@ -96,8 +96,8 @@ class RolloutPrefetch:
             collected = future.result()
         finally:
             self.parts.rollout.end_staging()
-        collected.metrics["rollout_wait_seconds"] = time.perf_counter() - start
-        collected.metrics["policy_lag"] = 1
+        collected.metrics["time/rollout_wait_seconds"] = time.perf_counter() - start
+        collected.metrics["rollout/policy_lag"] = 1
         return collected
 
     def settle(self) -> None:

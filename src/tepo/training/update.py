@@ -1,5 +1,11 @@
 """The policy update of a step: ``ppo_epochs`` x mini-batches of gradient-accumulated micro-batches.
 
+It executes an :class:`tepo.training.plan.UpdatePlan` (decided once by the trainer): for each mini-batch of the
+schedule, the mini-batch statistics where the plan has them (:func:`_mini_batch_statistics`), one forward and
+backward per micro-batch (:func:`_micro_step`), then one host read of every micro-batch's values and the
+optimizer step, or its skip (:class:`_UpdateTotals`). To add a loss: nothing here (``tepo.losses``); a pass: the
+plan decides it, one function here runs it.
+
 Exactness: each micro-batch's loss is normalised by its *mini-batch's* token and sequence counts, so accumulating
 micro-batch gradients gives exactly the mini-batch gradient (see ``tepo.losses``). A non-finite loss or gradient
 is never applied: the mini-batch is dropped and counted.
@@ -10,33 +16,34 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from tepo.losses import compute_policy_loss, mini_batch_stats, needs_mini_batch_stats
+from tepo.losses import compute_policy_loss, mini_batch_stats
 from tepo.losses._common import deferred_metrics, resolve_values
 from tepo.losses.rollout_correction import (
     CorrectionTokens,
     rollout_correction_metrics,
     rollout_correction_tokens,
 )
+from tepo.metrics.names import in_group
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, held_attention, release_free_heap, rows_logprobs
-from tepo.training.micro_batches import MicroBatchLayout, RowLengths, split_rows
+from tepo.training.micro_batches import RowLengths, split_rows
+from tepo.training.plan import RolloutCorrection, UpdatePlan, UpdateSettings
 from tepo.training.schedule import advance_schedule
 
-
-@dataclass(frozen=True)
-class UpdateSettings:
-    loss: str
-    loss_options: dict
-    epochs: int
-    mini_batch_groups: int  # prompts (groups of G rows) per optimizer update
-    group_size: int
-    max_grad_norm: float
-    max_len: float  # rollout.max_new_tokens, for length-normalised aggregation modes
+# The plan's types, importable from here as before they moved to tepo.training.plan (#45).
+__all__ = [
+    "RolloutCorrection",
+    "RowTensors",
+    "UpdatePlan",
+    "UpdateSettings",
+    "minibatch_rows",
+    "update_policy",
+]
 
 
 def minibatch_rows(
@@ -51,31 +58,6 @@ def minibatch_rows(
         order = torch.randperm(num_groups, generator=generator) if epochs > 1 else torch.arange(num_groups)
         for group_ids in order.split(mini_batch_groups):
             yield epoch, (group_ids[:, None] * group_size + torch.arange(group_size)).reshape(-1)
-
-
-@dataclass(frozen=True)
-class RolloutCorrection:
-    """A rollout-correction mode and its thresholds (``tepo.losses.rollout_correction``)."""
-
-    mode: str
-    options: dict
-
-
-@dataclass(frozen=True)
-class UpdatePlan:
-    """How a run's updates are made, decided once by the trainer: the loss and its schedule (``settings``), how
-    every log-prob pass is computed (``passes``, which holds the micro-batch layout), and ``correction``: a
-    rollout correction to compute per micro-batch from the update's own forward pass (a mode that drops
-    nothing, when there is no old-policy pass; with one, the step computes the weights once and hands them in
-    :class:`RowTensors`)."""
-
-    settings: UpdateSettings
-    passes: LogprobSettings
-    correction: RolloutCorrection | None = None
-
-    @property
-    def layout(self) -> MicroBatchLayout:
-        return self.passes.layout
 
 
 @dataclass(frozen=True)
@@ -109,29 +91,81 @@ class RowTensors:
         return RowTensors(**{name: cut(getattr(self, name)) for name in self.__dataclass_fields__})
 
 
+@dataclass(frozen=True)
+class _MiniBatch:
+    """One optimizer update's rows, run as ``micro_batches``; ``positions[row]``: a row's place in the mini-batch
+    (where its values sit in the mini-batch statistics); ``num_tokens``: the loss mask's tokens, the count every
+    micro-batch's loss is normalised by."""
+
+    epoch: int
+    rows: Tensor
+    micro_batches: list[Tensor]
+    positions: Tensor
+    num_tokens: float
+
+    @staticmethod
+    def of(epoch: int, rows: Tensor, plan: UpdatePlan, lengths: RowLengths, mask: Tensor) -> _MiniBatch:
+        positions = torch.empty(mask.shape[0], dtype=torch.long, device=rows.device)
+        positions[rows] = torch.arange(len(rows), device=rows.device)
+        return _MiniBatch(
+            epoch=epoch,
+            rows=rows,
+            micro_batches=split_rows(rows, plan.layout, lengths),
+            positions=positions,
+            num_tokens=float(mask[rows].sum().clamp(min=1)),
+        )
+
+
 def _rows_logprobs_no_grad(
-    model,
-    batch: RolloutBatch,
-    micro_batches: list[Tensor],
-    positions: Tensor,
-    settings: LogprobSettings,
-    *,
-    entropy: bool = False,
+    model, batch: RolloutBatch, mini: _MiniBatch, settings: LogprobSettings, *, entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
-    """The current policy's log-probs ``[M, T]`` of a mini-batch of M rows run as ``micro_batches``, each row at
-    its ``positions[row]`` (its place in the mini-batch), and with ``entropy`` its per-token entropy (else None),
-    without a graph."""
-    size = sum(len(micro) for micro in micro_batches)
+    """The current policy's log-probs ``[M, T]`` of the mini-batch's M rows, run as its micro-batches, each row
+    at its place in the mini-batch, and with ``entropy`` its per-token entropy (else None), without a graph."""
+    size = sum(len(micro) for micro in mini.micro_batches)
     out = ent_out = None
-    for micro in micro_batches:
+    for micro in mini.micro_batches:
         logp, ent, cols = rows_logprobs(model, batch, micro, settings, entropy=entropy, grad=False)
         if out is None:  # float32, or float64 for a float64 model
             out = torch.zeros(size, batch.response_len, dtype=logp.dtype, device=batch.response_mask.device)
             ent_out = torch.zeros_like(out) if entropy else None
-        out[positions[micro], cols] = logp
+        out[mini.positions[micro], cols] = logp
         if ent_out is not None:
-            ent_out[positions[micro], cols] = ent
+            ent_out[mini.positions[micro], cols] = ent
     return out, ent_out
+
+
+def _mini_batch_statistics(
+    model, batch: RolloutBatch, tensors: RowTensors, plan: UpdatePlan, mini: _MiniBatch, *, first_update: bool
+):
+    """The mini-batch's statistics (``tepo.losses.mini_batch_stats``) where the plan has them
+    (:attr:`UpdatePlan.stats`), else None: from the current policy's log-probs (and entropy), which are the
+    old-policy pass's for the step's first update (the plan's rule) and a no-grad pass at the current weights
+    otherwise."""
+    need = plan.stats
+    if need is None:
+        return None
+    settings = plan.settings
+    old_logp, old_entropy = tensors.old_logp, tensors.old_entropy
+    if need.reads_old_pass(
+        first_update=first_update, old_logp=old_logp is not None, old_entropy=old_entropy is not None
+    ):
+        current = old_logp[mini.rows]
+        current_entropy = old_entropy[mini.rows] if need.entropy else None
+    else:
+        current, current_entropy = _rows_logprobs_no_grad(
+            model, batch, mini, plan.passes, entropy=need.entropy
+        )
+    rows = tensors.rows(mini.rows)
+    return mini_batch_stats(
+        settings.loss,
+        logp=current,
+        old_logp=current if rows.old_logp is None else rows.old_logp,
+        advantages=rows.advantages,
+        mask=rows.mask,
+        entropy=current_entropy,
+        rollout_logp=rows.rollout_logp,
+        **settings.loss_options,
+    )
 
 
 @dataclass
@@ -177,6 +211,77 @@ def _read_once(pending: list[_MicroResult], grad_norm: Tensor) -> _HostResults:
     return out
 
 
+@dataclass
+class _UpdateTotals:
+    """What the step's updates add up to: the loss metrics (token-weighted over the applied micro-batches), the
+    gradient norms, updates applied and skipped, the epoch-0 policy's per-token views, the in-loop correction's
+    whole-batch tokens, and the padding of the epoch-0 micro-batches."""
+
+    token_entropy: Tensor
+    token_logp: Tensor
+    sums: defaultdict = field(default_factory=lambda: defaultdict(float))
+    counts: defaultdict = field(default_factory=lambda: defaultdict(float))
+    grad_norms: list = field(default_factory=list)
+    updates: int = 0
+    skipped: int = 0
+    correction: CorrectionTokens | None = (
+        None  # plan.correction's tokens, put together micro-batch by micro-batch
+    )
+    computed_tokens: int = 0
+    real_tokens: int = 0
+
+    @property
+    def attempts(self) -> int:
+        return self.updates + self.skipped
+
+    def fold(self, pending: list[_MicroResult], host: _HostResults) -> bool:
+        """Add one mini-batch's micro-batches (read to the host); True when its update is to be applied."""
+        # The step's micro-batches up to the first non-finite loss count, as when the loop stopped there.
+        first_bad = next((i for i, r in enumerate(host) if not r["finite"]), None)
+        finite = first_bad is None
+        sums, counts = self.sums, self.counts
+        for r in host[: len(host) if finite else first_bad]:
+            tokens = r["tokens"]
+            sums["loss"] += r["loss"]
+            for key, value in r["metrics"].items():
+                if isinstance(value, int | float) and key != "loss":
+                    sums[key] += value * tokens
+                    counts[key] += tokens
+            sums["entropy_mean"] += r["entropy_sum"]
+            counts["entropy_mean"] += tokens
+        if not finite:
+            # The loop used to stop at the first non-finite loss, leaving later rows' token views at 0.
+            for r in pending[first_bad + 1 :]:
+                if r.written is not None:
+                    self.token_entropy[r.written[0], r.written[1]] = 0.0
+                    self.token_logp[r.written[0], r.written[1]] = 0.0
+        norm = host.grad_norm
+        if finite and math.isfinite(norm):
+            self.grad_norms.append(norm)
+            self.updates += 1
+            return True
+        self.skipped += 1
+        return False
+
+    def result(self, batch: RolloutBatch) -> dict:
+        """The metrics :func:`update_policy` returns (see there)."""
+        sums, counts, norms = self.sums, self.counts, self.grad_norms
+        # The loss's metrics by the names the loss gives them, in the update's group (update/clip_frac_high).
+        out = in_group("update", {key: sums[key] / counts[key] for key in counts if counts[key] > 0})
+        out["update/loss"] = sums["loss"] / max(self.updates, 1)
+        out["update/grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
+        out["update/grad_norm_max"] = max(norms) if norms else float("nan")
+        out["update/optimizer_updates"] = self.updates
+        out["update/skipped_updates"] = self.skipped
+        if self.computed_tokens:
+            out["update/padding_share"] = 1.0 - self.real_tokens / self.computed_tokens
+        if self.correction is not None:
+            out["correction_metrics"] = rollout_correction_metrics(self.correction, batch.response_mask)
+        out["token_entropy"] = self.token_entropy
+        out["token_logp"] = self.token_logp
+        return out
+
+
 def update_policy(
     model,
     optimizer: torch.optim.Optimizer,
@@ -188,8 +293,10 @@ def update_policy(
     generator: torch.Generator,
     after_optimizer_step: Callable[[], None] = lambda: None,
 ) -> dict:
-    """Run every optimizer update of one step; returns averaged loss metrics, ``update_padding_share`` (the share
-    of the tokens the update's forward passes computed that were padding) and, as ``token_entropy`` and
+    """Run every optimizer update of one step; returns its metrics, named in the ``update/`` group (the loss's,
+    token-weighted over the applied micro-batches; ``update/grad_norm``, ``update/optimizer_updates``,
+    ``update/skipped_updates``; ``update/padding_share``: the share of the tokens the update's forward passes
+    computed that were padding) and, as ``token_entropy`` and
     ``token_logp``, the epoch-0 (pre-update) policy's per-token entropy and log-probs ``[N, T]``; with
     ``plan.correction``, ``correction_metrics``: the metrics of the weights it computed, over the whole batch.
 
@@ -207,175 +314,129 @@ def update_policy(
 
     Losses whose statistics span the mini-batch (``spec.needs_batch_stats``: the covariance losses) and the
     batch-wide token selections (``top_entropy_quantile``, ``m2po_threshold``) get them from the mini-batch's
-    current-policy log-probs (and entropy): ``old_logp`` / ``old_entropy`` for the step's first update, else a
-    no-grad pass over the mini-batch at the current weights. Each micro-batch slices them by its rows' places
-    in the mini-batch, so micro-batches of any rows in any order (a token budget sorts them by length) sum to
-    the mini-batch's gradient.
+    current-policy log-probs (and entropy), as the plan's :class:`tepo.training.plan.MiniBatchStatsPass` says.
+    Each micro-batch slices them by its rows' places in the mini-batch, so micro-batches of any rows in any
+    order (a token budget sorts them by length) sum to the mini-batch's gradient.
     """
-    settings, passes = plan.settings, plan.passes
+    settings = plan.settings
     mask = tensors.mask
-    n = mask.shape[0]
-    needs_batch_stats = needs_mini_batch_stats(settings.loss, settings.loss_options)
-    needs_entropy = settings.loss_options.get("top_entropy_quantile") is not None
-    sums, counts = defaultdict(float), defaultdict(float)
-    grad_norms, skipped, updates = [], 0, 0
-    token_entropy = torch.zeros_like(mask)
-    token_logp = torch.zeros_like(mask)
-    correction = None  # plan.correction's per-token results of the whole batch, put together micro-batch by micro-batch
+    totals = _UpdateTotals(token_entropy=torch.zeros_like(mask), token_logp=torch.zeros_like(mask))
     # Read to the host once per step: the token budget's planner and the padding share both use them.
     lengths = RowLengths.of(batch)
-    padded = [0, 0]  # (computed, real) tokens of the epoch-0 micro-batches, for update_padding_share
     schedule = minibatch_rows(
-        n // settings.group_size,
+        mask.shape[0] // settings.group_size,
         settings.group_size,
         epochs=settings.epochs,
         mini_batch_groups=settings.mini_batch_groups,
         generator=generator,
     )
     on_cpu = next(model.parameters()).device.type == "cpu"
-    with held_attention(model, batch, passes):
+    with held_attention(model, batch, plan.passes):
         for epoch, rows in schedule:
-            micro_batches = split_rows(rows, plan.layout, lengths)
+            mini = _MiniBatch.of(epoch, rows, plan, lengths, mask)
             if epoch == 0:
-                computed, real = lengths.padded_tokens(micro_batches)
-                padded[0], padded[1] = padded[0] + computed, padded[1] + real
-            # Each row's place in the mini-batch: where its values sit in the mini-batch statistics.
-            positions = torch.empty(n, dtype=torch.long, device=rows.device)
-            positions[rows] = torch.arange(len(rows), device=rows.device)
-            num_tokens = float(mask[rows].sum().clamp(min=1))
+                computed, real = lengths.padded_tokens(mini.micro_batches)
+                totals.computed_tokens += computed
+                totals.real_tokens += real
             optimizer.zero_grad(set_to_none=True)
-            stats = None
-            if needs_batch_stats:
-                first_update = updates + skipped == 0
-                old_logp, old_entropy = tensors.old_logp, tensors.old_entropy
-                if first_update and old_logp is not None and (old_entropy is not None or not needs_entropy):
-                    current = old_logp[rows]
-                    current_entropy = old_entropy[rows] if needs_entropy else None
-                else:
-                    current, current_entropy = _rows_logprobs_no_grad(
-                        model, batch, micro_batches, positions, passes, entropy=needs_entropy
-                    )
-                mini = tensors.rows(rows)
-                stats = mini_batch_stats(
-                    settings.loss,
-                    logp=current,
-                    old_logp=current if mini.old_logp is None else mini.old_logp,
-                    advantages=mini.advantages,
-                    mask=mini.mask,
-                    entropy=current_entropy,
-                    rollout_logp=mini.rollout_logp,
-                    **settings.loss_options,
-                )
+            stats = _mini_batch_statistics(
+                model, batch, tensors, plan, mini, first_update=totals.attempts == 0
+            )
             # Nothing below reads a device value until the mini-batch's gradients are in: the loss metrics stay
             # on the device (deferred_metrics), the non-finite check is one flag per micro-batch, and all of them,
             # with the gradient norm, come to the host in one transfer per optimizer step. Each .item() would
             # otherwise wait for the GPU to drain its queue (about ten per micro-batch before).
-            pending = []
             with deferred_metrics():
-                for micro in micro_batches:
-                    if on_cpu:
-                        # glibc's heap only; on a GPU the activations live in CUDA's allocator and the trim
-                        # would only cost host time between kernel launches.
-                        release_free_heap()
-                    logp, ent, cols = rows_logprobs(model, batch, micro, passes, entropy=True, grad=True)
-                    if epoch == 0:
-                        token_entropy[micro, cols] = ent.detach().float()
-                        token_logp[micro, cols] = logp.detach().float()
-                    part = tensors.rows(micro, cols)
-                    m = part.mask
-                    old = logp.detach() if part.old_logp is None else part.old_logp
-                    old_ent = ent.detach() if part.old_entropy is None else part.old_entropy
-                    token_weights = part.is_weights
-                    if plan.correction is not None:
-                        # Over the rows' response tokens, not only the loss's: the loss ignores the weights of the
-                        # tokens it masks, and the step's metrics are over every response token (as with an
-                        # old pass). A mode here drops nothing, so the loss mask needs no change.
-                        tokens = rollout_correction_tokens(
-                            old,
-                            part.rollout_logp,
-                            batch.response_mask[micro][:, cols],
-                            mode=plan.correction.mode,
-                            **plan.correction.options,
-                        )
-                        token_weights = tokens.weights
-                        if epoch == 0:
-                            correction = _place(correction, tokens, (micro, cols), mask.shape)
-                    loss, metrics = compute_policy_loss(
-                        settings.loss,
-                        logp=logp,
-                        old_logp=old,
-                        advantages=part.advantages,
-                        # bool: the same tokens, without the 0/1 check of a float mask (a GPU sync per call)
-                        mask=m.bool(),
-                        ref_logp=part.ref_logp,
-                        entropy=ent,
-                        old_entropy=old_ent,
-                        num_tokens=num_tokens,
-                        num_seqs=float(len(rows)),
-                        max_len=settings.max_len,
-                        is_weights=token_weights,
-                        batch_stats=None if stats is None else stats.rows(positions[micro], cols),
-                        rollout_logp=part.rollout_logp,
-                        **settings.loss_options,
-                    )
-                    # A non-finite loss still runs its backward (its gradients are dropped with the step, below);
-                    # only its flag is kept, so the check costs no sync here.
-                    loss.backward()
-                    pending.append(
-                        _MicroResult(
-                            finite=torch.isfinite(loss.detach()),
-                            loss=loss.detach(),
-                            tokens=m.sum(),
-                            entropy_sum=(ent.detach() * m).sum(),
-                            metrics=metrics,
-                            written=(micro, cols) if epoch == 0 else None,
-                        )
-                    )
+                pending = [
+                    _micro_step(model, batch, tensors, plan, mini, micro, stats, totals, on_cpu=on_cpu)
+                    for micro in mini.micro_batches
+                ]
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
-            host = _read_once(pending, grad_norm)
-            # The step's micro-batches up to the first non-finite loss count, as when the loop stopped there.
-            first_bad = next((i for i, r in enumerate(host) if not r["finite"]), None)
-            finite = first_bad is None
-            for r in host[: len(host) if finite else first_bad]:
-                tokens = r["tokens"]
-                sums["loss"] += r["loss"]
-                for key, value in r["metrics"].items():
-                    if isinstance(value, int | float) and key != "loss":
-                        sums[key] += value * tokens
-                        counts[key] += tokens
-                sums["entropy_mean"] += r["entropy_sum"]
-                counts["entropy_mean"] += tokens
-            if not finite:
-                # The loop used to stop at the first non-finite loss, leaving later rows' token views at 0.
-                for r in pending[first_bad + 1 :]:
-                    if r.written is not None:
-                        token_entropy[r.written[0], r.written[1]] = 0.0
-                        token_logp[r.written[0], r.written[1]] = 0.0
-            norm = host.grad_norm
-            if finite and math.isfinite(norm):
-                grad_norms.append(norm)
+            if totals.fold(pending, _read_once(pending, grad_norm)):
                 optimizer.step()
-                updates += 1
                 after_optimizer_step()
-            else:
-                skipped += 1
             # Free the spent (or rejected) gradients now rather than at the next zero_grad, so generation, the
             # checkpoint write and the weight sync of the next step run without 4 bytes per parameter idle.
             optimizer.zero_grad(set_to_none=True)
             advance_schedule(scheduler)
-    out = {key: sums[key] / counts[key] for key in counts if counts[key] > 0}
-    out["loss"] = sums["loss"] / max(updates, 1)
-    out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
-    out["grad_norm_max"] = max(grad_norms) if grad_norms else float("nan")
-    out["optimizer_updates"] = updates
-    out["skipped_updates"] = skipped
-    if padded[0]:
-        out["update_padding_share"] = 1.0 - padded[1] / padded[0]
-    if correction is not None:
-        out["correction_metrics"] = rollout_correction_metrics(correction, batch.response_mask)
-    out["token_entropy"] = token_entropy
-    out["token_logp"] = token_logp
-    return out
+    return totals.result(batch)
+
+
+def _micro_step(
+    model,
+    batch: RolloutBatch,
+    tensors: RowTensors,
+    plan: UpdatePlan,
+    mini: _MiniBatch,
+    micro: Tensor,
+    stats,
+    totals: _UpdateTotals,
+    *,
+    on_cpu: bool,
+) -> _MicroResult:
+    """One micro-batch: its forward pass with a graph, its loss (normalised by the mini-batch's counts) and the
+    backward that accumulates its gradient; its values stay on the device. Epoch 0 also writes the pre-update
+    token views and the in-loop correction's tokens into ``totals``."""
+    settings = plan.settings
+    if on_cpu:
+        # glibc's heap only; on a GPU the activations live in CUDA's allocator and the trim would only cost host
+        # time between kernel launches.
+        release_free_heap()
+    logp, ent, cols = rows_logprobs(model, batch, micro, plan.passes, entropy=True, grad=True)
+    first_epoch = mini.epoch == 0
+    if first_epoch:
+        totals.token_entropy[micro, cols] = ent.detach().float()
+        totals.token_logp[micro, cols] = logp.detach().float()
+    part = tensors.rows(micro, cols)
+    old = logp.detach() if part.old_logp is None else part.old_logp
+    old_ent = ent.detach() if part.old_entropy is None else part.old_entropy
+    token_weights = part.is_weights
+    if plan.correction is not None:
+        tokens = _in_loop_correction(plan.correction, old, part, batch.response_mask[micro][:, cols])
+        token_weights = tokens.weights
+        if first_epoch:
+            totals.correction = _place(totals.correction, tokens, (micro, cols), tensors.mask.shape)
+    loss, metrics = compute_policy_loss(
+        settings.loss,
+        logp=logp,
+        old_logp=old,
+        advantages=part.advantages,
+        # bool: the same tokens, without the 0/1 check of a float mask (a GPU sync per call)
+        mask=part.mask.bool(),
+        ref_logp=part.ref_logp,
+        entropy=ent,
+        old_entropy=old_ent,
+        num_tokens=mini.num_tokens,
+        num_seqs=float(len(mini.rows)),
+        max_len=settings.max_len,
+        is_weights=token_weights,
+        batch_stats=None if stats is None else stats.rows(mini.positions[micro], cols),
+        rollout_logp=part.rollout_logp,
+        **settings.loss_options,
+    )
+    # A non-finite loss still runs its backward (its gradients are dropped with the step, by _UpdateTotals.fold);
+    # only its flag is kept, so the check costs no sync here.
+    loss.backward()
+    return _MicroResult(
+        finite=torch.isfinite(loss.detach()),
+        loss=loss.detach(),
+        tokens=part.mask.sum(),
+        entropy_sum=(ent.detach() * part.mask).sum(),
+        metrics=metrics,
+        written=(micro, cols) if first_epoch else None,
+    )
+
+
+def _in_loop_correction(
+    correction: RolloutCorrection, old_logp: Tensor, part: RowTensors, response_mask: Tensor
+) -> CorrectionTokens:
+    """The rollout correction of a micro-batch from the update's own (detached) forward pass. Over the rows'
+    response tokens, not only the loss's: the loss ignores the weights of the tokens it masks, and the step's
+    metrics are over every response token (as with an old pass). A mode here drops nothing, so the loss mask
+    needs no change."""
+    return rollout_correction_tokens(
+        old_logp, part.rollout_logp, response_mask, mode=correction.mode, **correction.options
+    )
 
 
 def _place(
