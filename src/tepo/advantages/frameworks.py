@@ -13,13 +13,9 @@ import torch
 from torch import Tensor
 
 from tepo.advantages._common import check_nonnegative, grouped, token_input, token_mask, zero_variance
-from tepo.advantages.registry import register_advantage_estimator
+from tepo.advantages.registry import REFUSED_ESTIMATORS, register_advantage_estimator  # noqa: F401 (re-export)
 
 # Names verl registers that tepo does not, each with the one line saying why (get_advantage_estimator shows it).
-REFUSED_ESTIMATORS = {
-    "remax": "ReMax (2310.10505) subtracts the reward of a greedy rollout of each prompt, and tepo's trainer "
-    "generates no greedy baseline rollout during training; use rloo or grpo (a baseline from the group's samples)",
-}
 
 
 def masked_whiten(values: Tensor, mask: Tensor) -> Tensor:

@@ -48,6 +48,13 @@ TENSOR_INPUTS = (
 # The shape each input has, for messages.
 INPUT_SHAPES = {"reward_components": "[N, K]", "reward_weights": "[K]"}
 
+# Names a framework registers that tepo refuses, with the reason (the registry decides, so looking a name up needs
+# no import of the estimator modules).
+REFUSED_ESTIMATORS = {
+    "remax": "ReMax (2310.10505) subtracts the reward of a greedy rollout of each prompt, and tepo's trainer "
+    "generates no greedy baseline rollout during training; use rloo or grpo (a baseline from the group's samples)",
+}
+
 Requires = Iterable[str] | Callable[[Mapping[str, Any]], Iterable[str]]
 
 
@@ -192,8 +199,6 @@ def get_advantage_estimator(name: str) -> AdvantageEstimator:
     try:
         return ADVANTAGE_ESTIMATORS[name]
     except (KeyError, TypeError):
-        from tepo.advantages.frameworks import REFUSED_ESTIMATORS
-
         if isinstance(name, str) and name in REFUSED_ESTIMATORS:
             raise ValueError(
                 f"advantage estimator {name!r} is not offered: {REFUSED_ESTIMATORS[name]}"

@@ -105,7 +105,7 @@ def validate(config: RunConfig) -> list[str]:
     elif kl_estimator_ok or not c.algorithm.kl_coef:  # else the dry run would report the estimator again
         errors += _dry_run_loss(c.algorithm)
     if c.algorithm.advantage not in ADVANTAGE_ESTIMATORS:
-        from tepo.advantages.frameworks import REFUSED_ESTIMATORS
+        from tepo.advantages.registry import REFUSED_ESTIMATORS
 
         refused = REFUSED_ESTIMATORS.get(c.algorithm.advantage)
         errors.append(
