@@ -225,7 +225,11 @@ def test_a_local_file_wins_over_the_hub(hub_sandbox):
     (data / "aime25" / "test.jsonl").write_text(
         json.dumps({"id": "x", "problem": "1+1?", "answer": "2"}) + "\n"
     )
-    assert resolve_benchmark("aime25", data) == [Problem("x", "1+1?", "2")]
+    (problem,) = resolve_benchmark("aime25", data)
+    assert (problem.id, problem.problem, problem.answer) == ("x", "1+1?", "2")
+    assert problem.data_source == "test" and problem.extra_info == {
+        "id": "x"
+    }  # the file stem; the other fields
 
 
 def test_omni_math_from_a_data_directory_holding_the_hub_file(tmp_path):
@@ -350,7 +354,12 @@ def test_training_loader_reads_a_hub_dataset_by_name(training_hub):
     hub_sandbox = training_hub
     _make_repo(hub_sandbox, "HuggingFaceH4/MATH-500", REPO_LAYOUT["math500"], _rows("math500"), "math500")
     problems = load_problems("HuggingFaceH4/MATH-500", split="test", id_field="unique_id")
-    assert problems == EXPECTED["math500"]
+    assert [(p.id, p.problem, p.answer) for p in problems] == [
+        (p.id, p.problem, p.answer) for p in EXPECTED["math500"]
+    ]
+    assert {p.data_source for p in problems} == {
+        "HuggingFaceH4/MATH-500"
+    }  # a hub row's source: the dataset's name
     amc = "math-ai/amc23"
     _make_repo(hub_sandbox, amc, REPO_LAYOUT["amc23"], _rows("amc23"), "amc23")
     problems = load_problems(amc, split="test", problem_field="question", limit=2)

@@ -1,7 +1,7 @@
 """Estimators verl 0.9.1 registers (``register_adv_est``) beyond the GRPO family: REINFORCE++ (with and without a
 group baseline), Pass@k training, GPG, the optimal token baseline (single- and multi-turn) and GDPO's
 multi-reward normalisation. Each equals verl's function on the same float64 tensors, the settings written in
-tests/integrations/test_integration_verl_framework_estimators.py; ``remax`` is refused (`tepo.advantages.registry.REFUSED_ESTIMATORS`).
+tests/integrations/test_integration_verl_framework_estimators.py; ``remax`` is refused (see `REFUSED_ESTIMATORS`).
 
 verl's batch whitening (``verl_F.masked_whiten``) is `masked_whiten` here: the mean and the unbiased variance
 over every valid token of the batch (a response counts once per token), ``(x - mean) / sqrt(var + 1e-8)``.
@@ -13,14 +13,9 @@ import torch
 from torch import Tensor
 
 from tepo.advantages._common import check_nonnegative, grouped, token_input, token_mask, zero_variance
-from tepo.advantages.registry import refuse_advantage_estimator, register_advantage_estimator
+from tepo.advantages.registry import REFUSED_ESTIMATORS, register_advantage_estimator  # noqa: F401 (re-export)
 
 # Names verl registers that tepo does not, each with the one line saying why (get_advantage_estimator shows it).
-refuse_advantage_estimator(
-    "remax",
-    "ReMax (2310.10505) subtracts the reward of a greedy rollout of each prompt, and tepo's trainer "
-    "generates no greedy baseline rollout during training; use rloo or grpo (a baseline from the group's samples)",
-)
 
 
 def masked_whiten(values: Tensor, mask: Tensor) -> Tensor:

@@ -48,6 +48,13 @@ TENSOR_INPUTS = (
 # The shape each input has, for messages.
 INPUT_SHAPES = {"reward_components": "[N, K]", "reward_weights": "[K]"}
 
+# Names a framework registers that tepo refuses, with the reason (the registry decides, so looking a name up needs
+# no import of the estimator modules).
+REFUSED_ESTIMATORS = {
+    "remax": "ReMax (2310.10505) subtracts the reward of a greedy rollout of each prompt, and tepo's trainer "
+    "generates no greedy baseline rollout during training; use rloo or grpo (a baseline from the group's samples)",
+}
+
 Requires = Iterable[str] | Callable[[Mapping[str, Any]], Iterable[str]]
 
 
@@ -180,19 +187,6 @@ def register_advantage_estimator(
         return fn
 
     return decorator
-
-
-#: Names other frameworks register that tepo refuses, each with the one line saying why (the message of
-#: :func:`get_advantage_estimator` and of the config check). Filled by the modules that decide the refusal
-#: (:func:`refuse_advantage_estimator`), so the registry depends on none of them.
-REFUSED_ESTIMATORS: dict[str, str] = {}
-
-
-def refuse_advantage_estimator(name: str, why: str) -> None:
-    """Record ``name`` as deliberately not offered, ``why`` being the one line a user who asks for it reads."""
-    if name in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"advantage estimator {name!r} is registered; it cannot also be refused")
-    REFUSED_ESTIMATORS[name] = why
 
 
 def list_advantage_estimators() -> list[str]:
