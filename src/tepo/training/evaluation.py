@@ -105,6 +105,7 @@ def evaluation_metrics(evaluation: dict) -> dict:
     """An :func:`evaluate_held_out` result as a metrics row names it: ``eval/greedy_accuracy`` (and the sampled
     ones), ``time/eval_seconds``. (``summary.json`` and ``eval_before.json`` keep the result's own keys.)"""
     return {
-        f"time/{key}" if key == "eval_seconds" else f"eval/{key.removeprefix('eval_')}": value
+        # Spelled out, not formatted: the result's keys are a fixed set (eval/<what>_accuracy, eval/pass@<k>, ...).
+        "time/eval_seconds" if key == "eval_seconds" else "eval/" + key.removeprefix("eval_"): value
         for key, value in evaluation.items()
     }
