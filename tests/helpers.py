@@ -236,3 +236,21 @@ def check_rollout_logp(model, batch, temperature: float, top_p: float, atol: flo
     torch.testing.assert_close(batch.rollout_logp[mask], want[mask], atol=atol, rtol=0)
     assert (batch.rollout_logp[~mask] == 0).all()
     return logits, tokens, mask
+
+
+def run_torchrun_worker(script: str, *args: str, processes: int = 2, timeout: int = 600) -> None:
+    """Run ``script`` (a test file that is also its own worker) under torchrun with ``processes`` processes, one
+    thread each, and fail with the end of its output unless it exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    # The worker is a test module run as a script: it imports this file, so tests/ goes on its path.
+    path = os.pathsep.join(p for p in (str(ROOT / "tests"), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": path}
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes),
+        script, *args,
+    ]  # fmt: skip
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, LlamaForCausalLM
 from trl import GRPOConfig
 
+from helpers import run_torchrun_worker
 from tepo.integrations.trl import TepoGRPOTrainer
 from tepo.losses import compute_policy_loss
 
@@ -220,13 +220,9 @@ def test_two_rank_update_equals_one_rank_update(tiny_model_dir, tmp_path, one_to
     assert batch["completion_mask"][:4].sum() != batch["completion_mask"][4:].sum()  # unequal shards
     batch_file, out = tmp_path / "batch.pt", tmp_path / "updates.pt"
     torch.save(batch, batch_file)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        __file__, "--model", str(tiny_model_dir), "--batch", str(batch_file), "--out", str(out),
-    ]  # fmt: skip
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_torchrun_worker(
+        __file__, "--model", str(tiny_model_dir), "--batch", str(batch_file), "--out", str(out)
+    )
     two_rank = torch.load(out)
 
     for case, (name, with_is) in CASES.items():

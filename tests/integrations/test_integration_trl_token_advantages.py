@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, LlamaForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
+from helpers import run_torchrun_worker
 from tepo.advantages import compute_advantages
 from tepo.integrations.trl import TepoGRPOTrainer
 
@@ -234,13 +234,9 @@ def test_two_processes_loss_receives_compute_advantages(
 ):
     batch_file, out = tmp_path / "batch.pt", tmp_path / "seen.pt"
     torch.save(fixed_batch, batch_file)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-        __file__, "--model", str(tiny_model_dir), "--batch", str(batch_file), "--out", str(out),
-    ]  # fmt: skip
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    run_torchrun_worker(
+        __file__, "--model", str(tiny_model_dir), "--batch", str(batch_file), "--out", str(out)
+    )
     ranks = [torch.load(f"{out}.{rank}") for rank in (0, 1)]
     # the processes' completions are trimmed to unequal widths, so the gathered tensors had to be padded
     widths = {micro["completion_ids"].shape[1] for rank in ranks for micro in rank["erpo"]}

@@ -14,6 +14,7 @@ import tepo.training.update as update_module
 from tepo.config import load_config
 from tepo.data import Problem, PromptStream
 from tepo.losses.rollout_correction import rollout_correction_weights
+from tepo.metrics.names import in_group
 from tepo.rewards import MathRewardPool
 from tepo.rollout.hf import HFRollout
 from tepo.training.overlap import RolloutPrefetch
@@ -129,9 +130,12 @@ def test_an_in_update_correction_is_computed_once_and_its_metrics_are_the_whole_
     assert seen["update_rows"] == n, "each row's weights once"
     assert seen["step_rows"] == 0, "no second whole-batch computation for the metrics"
     batch = seen["batch"]
-    expected = rollout_correction_weights(
-        seen["token_logp"], batch.rollout_logp, batch.response_mask, mode=mode, cap=1.0001
-    )[2]
+    expected = in_group(  # the step names the correction's metrics in the mismatch group
+        "mismatch",
+        rollout_correction_weights(
+            seen["token_logp"], batch.rollout_logp, batch.response_mask, mode=mode, cap=1.0001
+        )[2],
+    )
     got = {key: row[key] for key in expected}
     if mode == "tis":
         assert got == expected  # token weights: bit for bit those of one whole-batch call
