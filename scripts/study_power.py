@@ -1,11 +1,16 @@
-"""Per method of a `tepo compare` table: the paired held-out differences against the reference, their spread
-over seeds, and the smallest difference the study detects now and with more seeds (tepo.compare.power: a paired
-t-test at two-sided 5% with 80% power, the spread measured on the differences at hand), as a Markdown table.
+"""Per method of a `tepo compare` table: the paired differences against the reference on one measure (held-out
+greedy accuracy by default), their mean with the table's 95% bootstrap interval, their spread over seeds, and the
+smallest difference the study detects now and with more seeds (tepo.compare.power: a paired t-test at two-sided
+5% with 80% power, the spread measured on the differences at hand), as a Markdown table.
 
     python scripts/study_power.py docs/results/tepo-claims --seeds 6
+    python scripts/study_power.py docs/results/tepo-claims --measure pass@8 --measure entropy_kept
 
 Reads the directory's table.json (`tepo compare --table-only` writes it), so it sees exactly the pairs the table
-made (runs of another precision or machine are not paired there, and are not here).
+made: a seed counts only where the table paired the method with the reference (its ``held_out_delta``; runs of
+another precision or machine are not paired there, and are not here). ``--measure``: any per-seed value of
+table.json (``held_out``, ``sampled``, ``pass@k``, ``entropy_kept``, ``auc_held_out``, ...); a seed where either
+run lacks it (pass@k of runs made before eval.pass_k_samples) is left out.
 """
 
 from __future__ import annotations
@@ -16,31 +21,57 @@ import sys
 from pathlib import Path
 
 
-def power_rows(table: dict, seeds: list[int]) -> list[dict]:
+def paired_differences(table: dict, method_row: dict, measure: str) -> list[float]:
+    """``method - reference`` on ``measure``, one value per seed the table paired."""
+    reference = next(r for r in table["rows"] if r["method"] == table["convergence"]["reference"])
+    out = []
+    for seed, values in method_row["per_seed"].items():
+        if "held_out_delta" not in values:
+            continue
+        if measure == "held_out":
+            out.append(values["held_out_delta"])
+            continue
+        ref = reference["per_seed"].get(seed, {})
+        if values.get(measure) is not None and ref.get(measure) is not None:
+            out.append(values[measure] - ref[measure])
+    return out
+
+
+def power_rows(table: dict, seeds: list[int], measure: str = "held_out") -> list[dict]:
     from tepo.compare.power import paired_power_row
+    from tepo.compare.stats import bootstrap_interval
 
     rows = []
     for row in table["rows"]:
-        deltas = [v["held_out_delta"] for v in row["per_seed"].values() if "held_out_delta" in v]
+        deltas = paired_differences(table, row, measure) if row["per_seed"] else []
         if deltas:
-            rows.append({"method": row["method"], **paired_power_row(deltas, seeds=seeds)})
+            interval = bootstrap_interval(deltas)
+            rows.append(
+                {
+                    "method": row["method"],
+                    "interval": (interval.low, interval.high),
+                    **paired_power_row(deltas, seeds=seeds),
+                }
+            )
     return rows
 
 
-def markdown(rows: list[dict], reference: str, seeds: list[int]) -> str:
+def markdown(rows: list[dict], reference: str, seeds: list[int], measure: str = "held_out") -> str:
     counts = sorted({k for r in rows for k in r["detectable"]} | set(seeds))
     head = [
         "method",
         "paired seeds",
-        f"mean Δ vs {reference}",
+        f"mean Δ {measure} vs {reference} [95% bootstrap]",
         "sd of Δ",
         *(f"detectable at {k} seeds" for k in counts),
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         sd = "-" if r["sd"] is None else f"{r['sd']:.3f}"
+        low, high = r["interval"]
         cells = [f"{r['detectable'][k]:.3f}" if k in r["detectable"] else "-" for k in counts]
-        lines.append(f"| {r['method']} | {r['n']} | {r['mean']:+.3f} | {sd} | " + " | ".join(cells) + " |")
+        mean = f"{r['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
+        lines.append(f"| {r['method']} | {r['n']} | {mean} | {sd} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -48,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", type=Path)
     parser.add_argument("--seeds", type=int, action="append", default=[], help="also at this many seeds")
+    parser.add_argument(
+        "--measure", action="append", default=[], help="a per-seed value of table.json (default held_out)"
+    )
     args = parser.parse_args(argv)
     path = args.directory / "table.json"
     if not path.exists():
@@ -58,9 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     table = json.loads(path.read_text())
     reference = table["convergence"]["reference"]
-    sys.stdout.write(markdown(power_rows(table, args.seeds), reference, args.seeds))
+    for i, measure in enumerate(args.measure or ["held_out"]):
+        if i:
+            print()
+        sys.stdout.write(markdown(power_rows(table, args.seeds, measure), reference, args.seeds, measure))
     print(
-        f"\nheld-out greedy accuracy, paired by seed with {reference}; detectable: (t_0.975 + t_0.8, n-1 df) x sd / sqrt(n)"
+        f"\npaired by seed with {reference}; interval: the percentile bootstrap of the mean (tepo.compare.stats); "
+        "detectable: (t_0.975 + t_0.8, n-1 df) x sd / sqrt(n)"
     )
     return 0
 

@@ -68,4 +68,34 @@ def test_paired_power_row_and_the_script(tmp_path, capsys):
     (tmp_path / "table.json").write_text(__import__("json").dumps(table))
     assert load_script("study_power").main([str(tmp_path), "--seeds", "6"]) == 0
     out = capsys.readouterr().out
-    assert "| tepo | 3 | -0.200 | 0.100 | 0.310 | 0.142 |" in out and "| grpo " not in out
+    # 3 seeds: the percentile bootstrap interval of the mean spans [min, max] of -0.1, -0.3, -0.2
+    assert "| tepo | 3 | -0.200 [-0.300, -0.100] | 0.100 | 0.310 | 0.142 |" in out
+    assert "| grpo " not in out
+
+
+def test_the_script_pairs_any_measure_on_the_seeds_the_table_paired(tmp_path, capsys):
+    table = {
+        "convergence": {"reference": "grpo"},
+        "rows": [
+            {
+                "method": "grpo",
+                "per_seed": {"0": {"pass@8": 0.5}, "1": {"pass@8": 0.6}, "2": {"pass@8": 0.9}, "3": {}},
+            },
+            {
+                "method": "tepo",
+                "per_seed": {
+                    "0": {"held_out_delta": 0.0, "pass@8": 0.25},  # -0.25
+                    "1": {"held_out_delta": 0.0, "pass@8": 0.5},  # -0.10
+                    "2": {"pass@8": 0.1},  # not paired by the table (another machine): left out
+                    "3": {"held_out_delta": 0.0, "pass@8": 0.7},  # grpo has no pass@8 there: left out
+                },
+            },
+        ],
+    }
+    (tmp_path / "table.json").write_text(__import__("json").dumps(table))
+    assert load_script("study_power").main([str(tmp_path), "--measure", "pass@8"]) == 0
+    out = capsys.readouterr().out
+    assert "mean Δ pass@8 vs grpo" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("| tepo "))
+    # mean of -0.25 and -0.10; sd = 0.15 / sqrt(2) = 0.106
+    assert line.startswith("| tepo | 2 | -0.175 [-0.250, -0.100] | 0.106 |"), line
