@@ -18,7 +18,9 @@ MB = 1 << 20
 class HostileCase:
     name: str
     response: str
-    gold: str = "42"  # absent from the hostile text: only cases marked may_be_correct (gold "5") can score 1
+    # absent from the hostile text: only cases marked may_be_correct (gold "5") can score 1. Not an integer: the
+    # injection payloads carry a temporary path (pytest-42/...), whose numbers the prose extractor may read.
+    gold: str = "7.25"
     may_be_correct: bool = False
     injection: bool = False
     must_be_correct: bool = (
