@@ -16,7 +16,6 @@ run lacks it (pass@k of runs made before eval.pass_k_samples) is left out.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -83,14 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         "--measure", action="append", default=[], help="a per-seed value of table.json (default held_out)"
     )
     args = parser.parse_args(argv)
-    path = args.directory / "table.json"
-    if not path.exists():
-        print(
-            f"{path}: not found; run `tepo compare --table-only --dir {args.directory}` first",
-            file=sys.stderr,
-        )
+    from tepo.compare.render import read_table
+
+    try:
+        table = read_table(args.directory)
+    except FileNotFoundError as err:
+        print(err, file=sys.stderr)
         return 2
-    table = json.loads(path.read_text())
     reference = table["convergence"]["reference"]
     for i, measure in enumerate(args.measure or ["held_out"]):
         if i:

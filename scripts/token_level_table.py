@@ -14,7 +14,6 @@ metrics.jsonl (finished runs only).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -56,14 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", required=True, help="comma-separated, the reference first")
     parser.add_argument("--seeds", default="3", help="comma-separated seeds")
     args = parser.parse_args(argv)
-    path = args.directory / "table.json"
-    if not path.exists():
-        print(
-            f"{path}: not found; run `tepo compare --table-only --dir {args.directory}` first",
-            file=sys.stderr,
-        )
+    from tepo.compare.render import read_table
+
+    try:
+        table = read_table(args.directory)
+    except FileNotFoundError as err:
+        print(err, file=sys.stderr)
         return 2
-    table_rows = {row["method"]: row for row in json.loads(path.read_text())["rows"]}
+    table_rows = {row["method"]: row for row in table["rows"]}
     head = [
         "method", "seed", "held-out", "Δ held-out vs reference", "sampled", "pass@1", "pass@8", "entropy kept",
         "all-equal groups per step", "their tokens advantaged (steps 2-)", "steps with no gradient",

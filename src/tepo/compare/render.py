@@ -155,3 +155,12 @@ def write_table(table: dict, directory: Path) -> tuple[Path, Path]:
     atomic_write_text(md, render_markdown(table))  # a killed `tepo compare` leaves the old table, never half
     atomic_write_text(js, json.dumps(table, indent=2))
     return md, js
+
+
+def read_table(directory: Path) -> dict:
+    """The ``table.json`` that :func:`write_table` saved in ``directory``; FileNotFoundError, saying how to make
+    it, when there is none (for the scripts that read a study's table)."""
+    path = Path(directory) / "table.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not found; run `tepo compare --table-only --dir {directory}` first")
+    return json.loads(path.read_text())
