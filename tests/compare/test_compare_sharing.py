@@ -108,3 +108,51 @@ def test_interrupted_run_without_any_checkpoint_restarts(tmp_path):
     assert [o.action for o in outcomes] == ["restarted"] and calls == [("train", spec.run_dir)]
     assert len(list(spec.run_dir.glob("metrics.restarted-*.jsonl"))) == 1
     assert json.loads((spec.run_dir / "eval_before.json").read_text()) == {"eval_greedy_accuracy": 0.25}
+
+
+# --- Across invocations: a study extended by methods or seeds reuses the initial evaluation it already has ---------
+
+
+def _train_like_the_trainer(evaluated: list):
+    """A stand-in trainer that records its run as the real one does (config.yaml with the precision resolved here,
+    precision.json) and scores the initial policy only when eval_before.json is absent."""
+    from tepo.precision import resolve_run_precision
+    from tepo.training.run_dir import save_run_config
+    from tepo.training.trainer import run_device
+
+    def train(config, run_dir):
+        precision = resolve_run_precision(config, run_device(config))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_run_config(precision.config, run_dir, precision.precision)
+        if not (run_dir / "eval_before.json").exists():
+            evaluated.append((config.algorithm.loss, config.train.seed))
+            (run_dir / "eval_before.json").write_text(json.dumps({"eval_greedy_accuracy": 0.25}))
+
+    return train
+
+
+def _invoke(directory: Path, methods: list[str], extra: tuple[str, ...] = ()) -> list[tuple[str, int]]:
+    evaluated: list = []
+    plan = plan_comparison(directory, methods, [0], overrides=["train.steps=2", *extra])
+    run_comparison(plan, train_fn=_train_like_the_trainer(evaluated), resume_fn=lambda d: None, log=lambda *a: None)
+    return evaluated
+
+
+def test_a_later_invocation_reuses_the_initial_evaluation_of_the_same_hardware(tmp_path):
+    assert _invoke(tmp_path, ["grpo"]) == [("grpo", 0)]
+    assert _invoke(tmp_path, ["tepo", "dapo"]) == []  # the grpo run's evaluation is theirs too
+    assert json.loads((tmp_path / "dapo" / "seed0" / "eval_before.json").read_text()) == {
+        "eval_greedy_accuracy": 0.25
+    }
+
+
+def test_a_later_invocation_scores_again_when_the_earlier_one_differs(tmp_path):
+    assert _invoke(tmp_path, ["grpo"]) == [("grpo", 0)]
+    # Other eval settings (pass@k is measured in eval_before.json): not the same evaluation.
+    assert _invoke(tmp_path, ["tepo"], ("eval.pass_k_samples=4",)) == [("tepo", 0)]
+    # Another CPU kind, or no recorded hardware (runs before precision.json): float arithmetic may differ.
+    for run in ("grpo", "tepo"):
+        recorded = tmp_path / run / "seed0" / "precision.json"
+        recorded.write_text(json.dumps(json.loads(recorded.read_text()) | {"hardware": "Another CPU"}))
+    (tmp_path / "tepo" / "seed0" / "precision.json").unlink()
+    assert _invoke(tmp_path, ["sapo"]) == [("sapo", 0)]

@@ -23,7 +23,9 @@ What "identical settings" means here, and how it is checked:
   dropped, and how many depends on the rewards, so the prompt stream diverges across methods after the first
   refill. The digest then covers only the first draw of each step and the plan says so.
 - The held-out evaluation before training (``eval_before.json``, which the trainer reuses when present) is
-  computed once per *evaluation key* and copied into every other run with the same key. The key is "same model,
+  computed once per *evaluation key* and copied into every other run with the same key, including the runs an
+  earlier invocation left in the directory when they ran on the same hardware (:func:`_same_evaluation_on_disk`,
+  so a study extended by seeds or methods does not score the initial policy again). The key is "same model,
   same held-out set, same eval settings" (:func:`eval_sharing_key`): every config key except those that only
   affect training (``_NOT_EVAL_KEYS``, the ``algorithm``/``optim``/``log`` sections), with the held-out set
   identified by the SHA-256 of its problems (recomputed by the planner from the trainer's own ``load_datasets``).
@@ -351,12 +353,22 @@ def eval_sharing_key(config: RunConfig, held_out_digest: str | None = None) -> s
 
 
 def _share_eval_before(plan: ComparisonPlan, spec: RunSpec) -> None:
-    """Copy an identical run's ``eval_before.json`` into ``spec.run_dir`` (see the module docstring)."""
+    """Copy an identical run's ``eval_before.json`` into ``spec.run_dir`` (see the module docstring): one of this
+    plan's runs, else one an earlier invocation left in the directory."""
     from tepo.training import EVAL_BEFORE
 
     target = spec.run_dir / EVAL_BEFORE
     if target.exists():
         return
+    source = _same_evaluation_in_plan(plan, spec) or _same_evaluation_on_disk(plan, spec)
+    if source is not None:
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+
+
+def _same_evaluation_in_plan(plan: ComparisonPlan, spec: RunSpec) -> Path | None:
+    from tepo.training import EVAL_BEFORE
+
     key = eval_sharing_key(spec.config, spec.held_out_digest)
     for other in plan.runs:
         source = other.run_dir / EVAL_BEFORE
@@ -365,9 +377,42 @@ def _share_eval_before(plan: ComparisonPlan, spec: RunSpec) -> None:
             and source.exists()
             and eval_sharing_key(other.config, other.held_out_digest) == key
         ):
-            spec.run_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
-            return
+            return source
+    return None
+
+
+def _same_evaluation_on_disk(plan: ComparisonPlan, spec: RunSpec) -> Path | None:
+    """The ``eval_before.json`` of a run an earlier ``tepo compare`` made in this directory (``comparison.json``
+    keeps the union of the plans) that scored the same initial policy the same way *on this kind of machine*.
+
+    Its saved config has the precision it resolved when it ran, so it is compared with the planned config resolved
+    here (``auto`` -> this hardware's choice); and its ``precision.json`` must name this hardware, because float
+    arithmetic differs between CPU kinds even at one precision. A run without ``precision.json`` (made before it
+    was recorded) is never a source. The held-out digest is recomputed from the saved config, as the planner does.
+    """
+    from tepo.precision import resolve_run_precision
+    from tepo.training import EVAL_BEFORE
+    from tepo.training.run_dir import read_run_precision
+    from tepo.training.trainer import run_device
+
+    here = resolve_run_precision(spec.config, run_device(spec.config))
+    key = eval_sharing_key(here.config, spec.held_out_digest)
+    planned = {run.run_dir for run in plan.runs}
+    for seeds in discover_runs(plan.directory).values():
+        for run_dir in seeds.values():
+            source, recorded = run_dir / EVAL_BEFORE, read_run_precision(run_dir)
+            if run_dir in planned or not source.exists() or recorded is None:
+                continue
+            if (recorded.get("hardware"), recorded.get("native_bf16")) != (
+                here.precision.hardware,
+                here.precision.native_bf16,
+            ):
+                continue
+            saved = load_config(str(run_dir / "config.yaml"))
+            digest = _digests(saved)[1] if spec.held_out_digest is not None else None
+            if eval_sharing_key(saved, digest) == key:
+                return source
+    return None
 
 
 def run_one(
