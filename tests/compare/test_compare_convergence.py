@@ -16,6 +16,7 @@ from tepo.compare.table import (
     convergence,
     curve_auc,
     entropy_kept,
+    grad_norm_mean,
     held_out_curve,
     max_drop,
     render_markdown,
@@ -144,6 +145,33 @@ def test_max_drop_and_entropy_kept_closed_form():
     assert entropy_kept([*rows, {"step": 8, "update/entropy_mean": float("nan")}]) == pytest.approx(0.25)
     assert entropy_kept(rows[:2]) == pytest.approx(1.8 / 2.0)  # 2 rows: last third is 1 row
     assert entropy_kept([{"step": 1}]) is None and entropy_kept([{"step": 1, "entropy_mean": 0.0}]) is None
+
+
+def test_grad_norm_mean_closed_form_and_in_the_table(runs):
+    # (1.0 + 2.0 + 0.5) / 3; a step with no update logs NaN and a row without the metric is skipped.
+    rows = [{"step": s, "update/grad_norm": n} for s, n in ((1, 1.0), (2, 2.0), (3, 0.5))]
+    assert grad_norm_mean(rows) == pytest.approx(3.5 / 3)
+    assert grad_norm_mean(
+        [*rows, {"step": 4, "update/grad_norm": float("nan")}, {"step": 5}]
+    ) == pytest.approx(3.5 / 3)
+    assert grad_norm_mean([{"step": 1}]) is None
+    # In the table: tepo seed 0 logs norms 1, 2, ..., 6 over its 6 steps -> 3.5 (under the old flat name, as the
+    # committed studies do: read_metrics groups it); its other seed logs none.
+    metrics = runs["tepo"][0] / "metrics.jsonl"
+    logged = [json.loads(line) for line in metrics.read_text().splitlines()]
+    metrics.write_text("".join(json.dumps(r | {"grad_norm": float(r["step"])}) + "\n" for r in logged))
+    table = build_table(runs)
+    tepo = next(r for r in table["rows"] if r["method"] == "tepo")
+    assert (
+        tepo["per_seed"]["0"]["grad_norm"] == pytest.approx(3.5) and "grad_norm" not in tepo["per_seed"]["1"]
+    )
+    assert tepo["cells"]["grad_norm"]["mean"] == pytest.approx(3.5) and tepo["cells"]["grad_norm"]["n"] == 1
+    column = next(c for c in table["columns"] if c["key"] == "grad_norm")
+    assert column["label"] == "grad norm"
+    assert not any(
+        r["cells"]["grad_norm"].get("best") for r in table["rows"]
+    )  # descriptive: higher is not better
+    assert "| grad norm" in render_markdown(table)
 
 
 def test_stability_columns_in_the_table(runs):

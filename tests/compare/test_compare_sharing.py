@@ -134,7 +134,9 @@ def _train_like_the_trainer(evaluated: list):
 def _invoke(directory: Path, methods: list[str], extra: tuple[str, ...] = ()) -> list[tuple[str, int]]:
     evaluated: list = []
     plan = plan_comparison(directory, methods, [0], overrides=["train.steps=2", *extra])
-    run_comparison(plan, train_fn=_train_like_the_trainer(evaluated), resume_fn=lambda d: None, log=lambda *a: None)
+    run_comparison(
+        plan, train_fn=_train_like_the_trainer(evaluated), resume_fn=lambda d: None, log=lambda *a: None
+    )
     return evaluated
 
 

@@ -24,6 +24,7 @@ _BENCH_KEYS = ("accuracy", "greedy_accuracy", "mean_accuracy")
 REWARD = metric_name("reward_mean")
 STEP_SECONDS = metric_name("step_seconds")
 ENTROPY = metric_name("entropy_mean")
+GRAD_NORM = metric_name("grad_norm")
 
 
 def _number(value) -> float | None:
@@ -186,6 +187,17 @@ def entropy_kept(rows: list[dict]) -> float | None:
         return None
     last = entropies[-max(1, len(entropies) // 3) :]
     return sum(last) / len(last) / entropies[0]
+
+
+def grad_norm_mean(rows: list[dict]) -> float | None:
+    """Mean ``update/grad_norm`` (the pre-clip gradient norm of each step) over the steps that logged a finite one.
+
+    TEPO v1 Fig. 3 claims "consistently higher" gradient norms than GRPO: paired by seed, this is the number
+    that claim is checked on. A step with no update logs NaN and is left out; ``None`` without any.
+    """
+    norms = [float(r[GRAD_NORM]) for r in rows if _number(r.get(GRAD_NORM)) is not None]
+    norms = [n for n in norms if math.isfinite(n)]
+    return sum(norms) / len(norms) if norms else None
 
 
 def run_precision(run_dir: Path) -> str:

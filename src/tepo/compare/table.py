@@ -29,6 +29,8 @@ Columns, from each run directory:
   policy's samples, so at one seed its entropy is the same for every method with one update per rollout.
   These two describe the papers' "steadier training" and "entropy collapse"; neither is marked best, since
   less entropy or a flat curve is not better by itself,
+- ``grad norm``: the run's mean pre-clip gradient norm over its steps (:func:`grad_norm_mean`), what TEPO v1
+  Fig. 3 compares; descriptive, not ranked,
 - ``Δ held-out vs <ref>``: per seed, the method's final held-out accuracy minus the reference method's on the
   same seed (the same prompts, sampling seeds and held-out set), then the interval over seeds: the paired
   difference, which is what "no worse than" questions need (two overlapping intervals of the accuracies
@@ -73,6 +75,7 @@ from tepo.compare.measures import (
     convergence,
     curve_auc,
     entropy_kept,
+    grad_norm_mean,
     held_out_curve,
     max_drop,
     run_machine,
@@ -118,6 +121,7 @@ __all__ = [
     "entropy_kept",
     "format_cell",
     "format_value",
+    "grad_norm_mean",
     "held_out_curve",
     "max_drop",
     "per_seed_rows",
@@ -191,6 +195,7 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
     values["auc_held_out"] = curve_auc(curve)
     values["held_out_drop"] = max_drop(curve)
     values["entropy_kept"] = entropy_kept(rows)
+    values["grad_norm"] = grad_norm_mean(rows)
     step_seconds = [float(r[STEP_SECONDS]) for r in rows if _number(r.get(STEP_SECONDS)) is not None]
     if step_seconds:
         values["seconds_per_step"] = statistics.median(step_seconds)
@@ -296,6 +301,7 @@ def build_table(
         Column("auc_held_out", "held-out AUC"),
         Column("held_out_drop", "held-out max drop", higher_is_better=False, ranked=False),
         Column("entropy_kept", "entropy kept", ranked=False),
+        Column("grad_norm", "grad norm", ranked=False),
         Column("held_out_delta", f"Δ held-out vs {reference} (paired)", ranked=False),
         Column("seconds_per_step", "s/step", higher_is_better=False),
     ]
