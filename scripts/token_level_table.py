@@ -2,13 +2,14 @@
 table: final held-out (and its paired difference), sampled accuracy, pass@1/pass@8, entropy kept, and what each
 method did with the groups whose rewards were all equal (the groups GRPO-style advantages give nothing).
 
-    python scripts/token_level_table.py docs/results/tepo-claims --methods grpo,tepo,ep_grpo,erpo,entropy_adv --seeds 3
+    python scripts/token_level_table.py docs/results/tepo-claims --methods grpo,tepo,ep_grpo,erpo,entropy_adv --seeds 3,4,5
 
 "all-equal groups per step": the mean of ``reward/frac_groups_all_equal`` over the run's steps; "their tokens
 advantaged": the mean of ``reward/frac_all_equal_tokens_advantaged`` over steps 2 onward that had such groups
 (at step 1 the policy is the reference model, where EP-GRPO's fallback is 0 by construction); "steps with no
-gradient": steps whose ``update/grad_norm`` was exactly 0. Reads the directory's table.json and the runs'
-metrics.jsonl (finished runs only).
+gradient": steps whose ``update/grad_norm`` was exactly 0. With several seeds, each method's rows end with their
+mean (each column over the seeds that have it). Reads the directory's table.json and the runs' metrics.jsonl
+(finished runs only).
 """
 
 from __future__ import annotations
@@ -18,8 +19,22 @@ import statistics
 import sys
 from pathlib import Path
 
+# The table's numeric columns after method and seed, with the digits each is printed with.
+COLUMNS = (
+    ("held_out", ".3f"),
+    ("held_out_delta", "+.3f"),
+    ("sampled", ".3f"),
+    ("pass@1", ".3f"),
+    ("pass@8", ".3f"),
+    ("entropy_kept", ".3f"),
+    ("all_equal_groups", ".2f"),
+    ("all_equal_tokens_advantaged", ".2f"),
+    ("steps_without_gradient", "d"),
+)
 
-def run_row(directory: Path, table_rows: dict, method: str, seed: int) -> str | None:
+
+def run_numbers(directory: Path, table_rows: dict, method: str, seed: int) -> dict | None:
+    """One finished run's values by column (None where it has none), from table.json and its metrics.jsonl."""
     from tepo.metrics import read_metrics
 
     run = directory / method / f"seed{seed}"
@@ -33,19 +48,32 @@ def run_row(directory: Path, table_rows: dict, method: str, seed: int) -> str | 
         for row, share in zip(steps, equal)
         if share and row["step"] >= 2
     ]
-    delta = values.get("held_out_delta")
-    cells = [
-        f"`{method}`",
-        str(seed),
-        f"{values['held_out']:.3f}",
-        "-" if delta is None else f"{delta:+.3f}",
-        f"{values['sampled']:.3f}",
-        *(f"{values[k]:.3f}" if k in values else "-" for k in ("pass@1", "pass@8")),
-        f"{values['entropy_kept']:.3f}",
-        f"{statistics.fmean(equal):.2f}",
-        f"{statistics.fmean(advantaged):.2f}" if advantaged else "-",
-        str(sum(row.get("update/grad_norm") == 0 for row in steps)),
-    ]
+    return {key: values.get(key) for key, _ in COLUMNS[:6]} | {
+        "all_equal_groups": statistics.fmean(equal),
+        "all_equal_tokens_advantaged": statistics.fmean(advantaged) if advantaged else None,
+        "steps_without_gradient": sum(row.get("update/grad_norm") == 0 for row in steps),
+    }
+
+
+def mean_numbers(runs: list[dict]) -> dict:
+    """Each column's mean over the runs that have it (a count column's mean printed with one decimal)."""
+    out = {}
+    for key, _ in COLUMNS:
+        present = [run[key] for run in runs if run[key] is not None]
+        out[key] = statistics.fmean(present) if present else None
+    return out
+
+
+def markdown_row(method: str, label: str, numbers: dict) -> str:
+    cells = [f"`{method}`", label]
+    for key, digits in COLUMNS:
+        value = numbers[key]
+        if value is None:
+            cells.append("-")
+        else:
+            cells.append(
+                f"{value:.1f}" if digits == "d" and not float(value).is_integer() else f"{value:{digits}}"
+            )
     return "| " + " | ".join(cells) + " |"
 
 
@@ -69,11 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     ]  # fmt: skip
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
+    seeds = [int(s) for s in args.seeds.split(",")]
     for method in args.methods.split(","):
-        for seed in (int(s) for s in args.seeds.split(",")):
-            row = run_row(args.directory, table_rows, method, seed)
-            if row is not None:
-                print(row)
+        runs = [(seed, run_numbers(args.directory, table_rows, method, seed)) for seed in seeds]
+        runs = [(seed, numbers) for seed, numbers in runs if numbers is not None]
+        for seed, numbers in runs:
+            print(markdown_row(method, str(seed), numbers))
+        if len(runs) > 1:
+            print(markdown_row(method, f"**mean of {len(runs)}**", mean_numbers([n for _, n in runs])))
     return 0
 
 
