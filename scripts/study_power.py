@@ -1,6 +1,7 @@
 """Per method of a `tepo compare` table: the paired differences against the reference on one measure (held-out
 greedy accuracy by default), their mean with the table's 95% bootstrap interval, their spread over seeds, and the
-smallest difference the study detects now and with more seeds (tepo.compare.power: a paired t-test at two-sided
+smallest difference the study detects now and with more seeds, and on how many seeds the method was higher, equal
+and lower (tepo.compare.power: a paired t-test at two-sided
 5% with 80% power, the spread measured on the differences at hand), as a Markdown table.
 
     python scripts/study_power.py docs/results/tepo-claims --seeds 6
@@ -36,6 +37,16 @@ def paired_differences(table: dict, method_row: dict, measure: str) -> list[floa
     return out
 
 
+def direction_counts(deltas: list[float], tolerance: float = 1e-9) -> tuple[int, int, int]:
+    """How many paired differences are above, at and below 0: the direction of each seed, which one collapsed
+    run cannot move the way it moves a mean (a difference within ``tolerance`` counts as equal)."""
+    return (
+        sum(d > tolerance for d in deltas),
+        sum(abs(d) <= tolerance for d in deltas),
+        sum(d < -tolerance for d in deltas),
+    )
+
+
 def power_rows(table: dict, seeds: list[int], measure: str = "held_out") -> list[dict]:
     from tepo.compare.power import paired_power_row
     from tepo.compare.stats import bootstrap_interval
@@ -49,6 +60,7 @@ def power_rows(table: dict, seeds: list[int], measure: str = "held_out") -> list
                 {
                     "method": row["method"],
                     "interval": (interval.low, interval.high),
+                    "signs": direction_counts(deltas),
                     **paired_power_row(deltas, seeds=seeds),
                 }
             )
@@ -60,6 +72,7 @@ def markdown(rows: list[dict], reference: str, seeds: list[int], measure: str = 
     head = [
         "method",
         "paired seeds",
+        "seeds higher / equal / lower",
         f"mean Δ {measure} vs {reference} [95% bootstrap]",
         "sd of Δ",
         *(f"detectable at {k} seeds" for k in counts),
@@ -70,7 +83,8 @@ def markdown(rows: list[dict], reference: str, seeds: list[int], measure: str = 
         low, high = r["interval"]
         cells = [f"{r['detectable'][k]:.3f}" if k in r["detectable"] else "-" for k in counts]
         mean = f"{r['mean']:+.3f} [{low:+.3f}, {high:+.3f}]"
-        lines.append(f"| {r['method']} | {r['n']} | {mean} | {sd} | " + " | ".join(cells) + " |")
+        signs = " / ".join(map(str, r["signs"]))
+        lines.append(f"| {r['method']} | {r['n']} | {signs} | {mean} | {sd} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -69,7 +69,7 @@ def test_paired_power_row_and_the_script(tmp_path, capsys):
     assert load_script("study_power").main([str(tmp_path), "--seeds", "6"]) == 0
     out = capsys.readouterr().out
     # 3 seeds: the percentile bootstrap interval of the mean spans [min, max] of -0.1, -0.3, -0.2
-    assert "| tepo | 3 | -0.200 [-0.300, -0.100] | 0.100 | 0.310 | 0.142 |" in out
+    assert "| tepo | 3 | 0 / 0 / 3 | -0.200 [-0.300, -0.100] | 0.100 | 0.310 | 0.142 |" in out
     assert "| grpo " not in out
 
 
@@ -98,4 +98,25 @@ def test_the_script_pairs_any_measure_on_the_seeds_the_table_paired(tmp_path, ca
     assert "mean Δ pass@8 vs grpo" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("| tepo "))
     # mean of -0.25 and -0.10; sd = 0.15 / sqrt(2) = 0.106
-    assert line.startswith("| tepo | 2 | -0.175 [-0.250, -0.100] | 0.106 |"), line
+    assert line.startswith("| tepo | 2 | 0 / 0 / 2 | -0.175 [-0.250, -0.100] | 0.106 |"), line
+
+
+def test_the_direction_of_each_seed_is_counted(tmp_path, capsys):
+    # One collapsed reference seed (+0.4) moves the mean above 0; the directions say 1 higher, 1 equal, 2 lower.
+    deltas = [0.4, 0.0, -0.0625, -0.125]
+    table = {
+        "convergence": {"reference": "grpo"},
+        "rows": [
+            {"method": "grpo", "per_seed": {}},
+            {"method": "tepo", "per_seed": {str(s): {"held_out_delta": d} for s, d in enumerate(deltas)}},
+        ],
+    }
+    (tmp_path / "table.json").write_text(__import__("json").dumps(table))
+    assert load_script("study_power").main([str(tmp_path)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| tepo "))
+    assert line.startswith("| tepo | 4 | 1 / 1 / 2 | +0.053 "), line
+    assert load_script("study_power").direction_counts([0.5 - 0.4 - 0.1, 1e-3]) == (
+        1,
+        1,
+        0,
+    )  # float noise is 0
