@@ -70,10 +70,10 @@ def markdown_row(method: str, label: str, numbers: dict) -> str:
         value = numbers[key]
         if value is None:
             cells.append("-")
+        elif digits == "d":  # a count, or its mean over seeds (a whole mean printed as a count)
+            cells.append(str(int(value)) if float(value).is_integer() else f"{value:.1f}")
         else:
-            cells.append(
-                f"{value:.1f}" if digits == "d" and not float(value).is_integer() else f"{value:{digits}}"
-            )
+            cells.append(f"{value:{digits}}")
     return "| " + " | ".join(cells) + " |"
 
 

@@ -57,20 +57,28 @@ def test_several_seeds_end_each_method_with_its_mean(tmp_path, capsys):
             {"method": "grpo", "per_seed": {"3": {"held_out": 0.5, "sampled": 0.25, "entropy_kept": 0.4},
                                             "4": {"held_out": 0.25, "sampled": 0.5, "entropy_kept": 0.2}}},
             {"method": "erpo", "per_seed": {"3": {"held_out": 0.75, "sampled": 0.5, "entropy_kept": 0.6,
-                                                  "held_out_delta": 0.25}}},
+                                                  "held_out_delta": 0.25},
+                                            "4": {"held_out": 0.25, "sampled": 0.5, "entropy_kept": 0.6,
+                                                  "held_out_delta": 0.0}}},
         ]
     }  # fmt: skip
     (tmp_path / "table.json").write_text(json.dumps(table))
     _run(tmp_path, "grpo", 3, [{"step": 1, "update/grad_norm": 0.0}, {"step": 2, "update/grad_norm": 1.0}])
     _run(tmp_path, "grpo", 4, [{"step": 1, "update/grad_norm": 1.0}, {"step": 2, "update/grad_norm": 1.0}])
     _run(tmp_path, "erpo", 3, [{"step": 1, "update/grad_norm": 1.0}])
+    _run(tmp_path, "erpo", 4, [{"step": 1, "update/grad_norm": 1.0}])
     script = load_script("token_level_table")
     assert script.main([str(tmp_path), "--methods", "grpo,erpo", "--seeds", "3,4"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[2:] == [
-        "| `grpo` | 3 | 0.500 | - | 0.250 | - | - | 0.400 | 0.00 | - | 1 |",
-        "| `grpo` | 4 | 0.250 | - | 0.500 | - | - | 0.200 | 0.00 | - | 0 |",
-        # (0.5 + 0.25) / 2, (0.25 + 0.5) / 2, (0.4 + 0.2) / 2; half a zero-gradient step per run
-        "| `grpo` | **mean of 2** | 0.375 | - | 0.375 | - | - | 0.300 | 0.00 | - | 0.5 |",
-        "| `erpo` | 3 | 0.750 | +0.250 | 0.500 | - | - | 0.600 | 0.00 | - | 0 |",
-    ], "one seed of erpo: no mean row"
+    assert (
+        lines[2:]
+        == [
+            "| `grpo` | 3 | 0.500 | - | 0.250 | - | - | 0.400 | 0.00 | - | 1 |",
+            "| `grpo` | 4 | 0.250 | - | 0.500 | - | - | 0.200 | 0.00 | - | 0 |",
+            # (0.5 + 0.25) / 2, (0.25 + 0.5) / 2, (0.4 + 0.2) / 2; half a zero-gradient step per run
+            "| `grpo` | **mean of 2** | 0.375 | - | 0.375 | - | - | 0.300 | 0.00 | - | 0.5 |",
+            "| `erpo` | 3 | 0.750 | +0.250 | 0.500 | - | - | 0.600 | 0.00 | - | 0 |",
+            "| `erpo` | 4 | 0.250 | +0.000 | 0.500 | - | - | 0.600 | 0.00 | - | 0 |",
+            "| `erpo` | **mean of 2** | 0.500 | +0.125 | 0.500 | - | - | 0.600 | 0.00 | - | 0 |",  # a whole mean count
+        ]
+    )
