@@ -32,3 +32,23 @@ def test_bad_arguments(tmp_path):
         plot_held_out_panels(FIXTURE, [["nosuch"]], out)
     assert main(["report", str(FIXTURE), "--panels", "nosuch", "--panels-out", str(out)]) == 2
     assert not out.exists()
+
+
+def test_eleven_methods_get_eleven_colours(tmp_path):
+    """tepo-claims has eleven methods: the eleventh drew in the first one's colour (matplotlib's cycle is ten)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tepo.report.plots import _draw_band, method_colour
+
+    assert [method_colour(i) for i in range(10)] == [f"C{i}" for i in range(10)]  # up to ten: as before
+    assert len({method_colour(i) for i in range(20)}) == 20
+    key = "eval/greedy_accuracy"
+    runs = {f"m{i}": [[{"step": 1, key: 0.1 * i}, {"step": 2, key: 0.1 * i}]] for i in range(11)}
+    fig, ax = plt.subplots()
+    assert _draw_band(ax, runs, key, "eleven")
+    colours = [matplotlib.colors.to_hex(line.get_color()) for line in ax.get_lines()]
+    plt.close(fig)
+    assert len(colours) == 11 and len(set(colours)) == 11

@@ -148,6 +148,30 @@ def seed_band(
     )
 
 
+# matplotlib's ten-colour cycle, then ten more distinct colours: a comparison past ten methods (tepo-claims has
+# eleven) must not draw two of them in one colour, and figures of up to ten keep the colours they always had.
+_METHOD_COLOURS = (
+    *(f"C{i}" for i in range(10)),
+    *(
+        "#000000",
+        "#b8860b",
+        "#00ced1",
+        "#8b0000",
+        "#556b2f",
+        "#ff00ff",
+        "#4682b4",
+        "#d2691e",
+        "#708090",
+        "#9acd32",
+    ),
+)
+
+
+def method_colour(index: int) -> str:
+    """The colour of the ``index``-th method of a figure (distinct for the first 20)."""
+    return _METHOD_COLOURS[index % len(_METHOD_COLOURS)]
+
+
 def _draw_band(
     ax,
     runs_by_method: dict[str, list[list[dict]]],
@@ -156,13 +180,13 @@ def _draw_band(
     colours: dict[str, str] | None = None,
 ) -> bool:
     """Each method's seed mean and min-max band. ``colours``: method -> colour, so that figures with several
-    panels keep one colour per method (default: matplotlib's cycle in the order given)."""
+    panels keep one colour per method (default: :func:`method_colour` in the order given)."""
     drawn = False
     for index, (method, runs) in enumerate(runs_by_method.items()):
         steps, mean, low, high, _ = seed_band(runs, key)
         if not steps:
             continue
-        colour = colours[method] if colours else f"C{index % 10}"
+        colour = colours[method] if colours else method_colour(index)
         ax.plot(
             steps,
             mean,
@@ -221,7 +245,7 @@ def plot_held_out_panels(
     colours: dict[str, str] = {}  # one colour per method across all panels
     for curves in panels:
         for method in curves:
-            colours.setdefault(method, f"C{len(colours) % 10}")
+            colours.setdefault(method, method_colour(len(colours)))
     for index, (ax, curves) in enumerate(zip(axes.flat, panels)):
         _draw_band(ax, curves, key, titles[index] if titles else ", ".join(curves), colours)
         ax.legend(fontsize=7, loc="lower right")
