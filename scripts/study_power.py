@@ -96,12 +96,10 @@ def main(argv: list[str] | None = None) -> int:
         "--measure", action="append", default=[], help="a per-seed value of table.json (default held_out)"
     )
     args = parser.parse_args(argv)
-    from tepo.compare.render import read_table
+    from tepo.compare.render import read_table_or_say_why
 
-    try:
-        table = read_table(args.directory)
-    except FileNotFoundError as err:
-        print(err, file=sys.stderr)
+    table = read_table_or_say_why(args.directory)
+    if table is None:
         return 2
     reference = table["convergence"]["reference"]
     for i, measure in enumerate(args.measure or ["held_out"]):

@@ -83,12 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", required=True, help="comma-separated, the reference first")
     parser.add_argument("--seeds", default="3", help="comma-separated seeds")
     args = parser.parse_args(argv)
-    from tepo.compare.render import read_table
+    from tepo.compare.render import read_table_or_say_why
 
-    try:
-        table = read_table(args.directory)
-    except FileNotFoundError as err:
-        print(err, file=sys.stderr)
+    table = read_table_or_say_why(args.directory)
+    if table is None:
         return 2
     table_rows = {row["method"]: row for row in table["rows"]}
     head = [

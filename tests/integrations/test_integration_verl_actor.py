@@ -187,6 +187,18 @@ ACTOR_SCRIPT = textwrap.dedent(
         torch.testing.assert_close(g_v2b[n], go_v2[n], rtol=1e-4, atol=1e-8, msg=f"tepo v2 grad {n}, v1 layout")
     report["tepo_v2"]["v1_layout"] = True
 
+    # 2c. the masked term's estimator (policy_loss.tepo_kl_mask_estimator) reaches the loss
+    cfg_k2 = actor_config({"loss_mode": "tepo", "eps": 0.2, "tepo_kl_mask_coef": coef,
+                           "tepo_kl_mask_estimator": "k2"}, calculate_entropy=True)
+    v_k2, g_k2, _, _ = run_verl(partial(tepo_ppo_loss, config=cfg_k2), td2)
+    o_k2, go_k2, om_k2 = run_ours("tepo", response_mask, eps=0.2, agg="token-mean", old_entropy=old_ent,
+                                  tepo_kl_mask_coef=coef, tepo_kl_mask_estimator="k2",
+                                  num_tokens=int(response_mask.sum()))
+    close(v_k2, o_k2, "tepo v2 k2 value")
+    for n in params:
+        torch.testing.assert_close(g_k2[n], go_k2[n], rtol=1e-4, atol=1e-8, msg=f"tepo v2 k2 grad {n}")
+    report["tepo_v2"]["k2_mask_term"] = om_k2["tepo_kl_mask"]
+
     # 3. verl's plain ppo_loss cannot feed the mask: refused, not dropped
     try:
         run_verl(partial(ppo_loss, config=cfg_v2), batch(response_mask, **{OLD_ENTROPY_KEY: old_ent}))
@@ -252,6 +264,8 @@ def test_verl_actor_loss_path_on_a_real_forward(verl_python, embedded_model_dir,
     assert report["is_weights"]["micro_batches"] == 2
     assert report["tepo_v2"]["micro_batches"] == 2 and report["tepo_v2"]["v1_layout"]
     assert 0 < report["tepo_v2"]["mask_frac"] < 1 and report["tepo_v2"]["mask_term"] > 0
+    assert report["tepo_v2"]["k2_mask_term"] > 0
+    assert report["tepo_v2"]["k2_mask_term"] != pytest.approx(report["tepo_v2"]["mask_term"], rel=1e-3)
     assert "tepo_ppo_loss" in report["plain_ppo_loss_error"]
     stops = report["cpu_stops"]
     assert stops["as verl starts it"]["file"] == "verl/utils/distributed.py", stops

@@ -163,3 +163,20 @@ def test_config_refuses_an_unknown_estimator_in_one_line(overrides):
     lines = config_error_lines([*overrides, "algorithm.kl_estimator=k5"])
     assert len(lines) == 2, lines
     assert "kl_estimator" in lines[1] and "'k5'" in lines[1] and "k3_unbiased" in lines[1]
+
+
+def test_config_passes_the_tepo_kl_mask_estimator_to_the_loss():
+    from tepo.config.questions import loss_options
+
+    config = load_config("tepo_v2_kl_mask", ["algorithm.tepo_kl_mask_estimator=k3+"])
+    assert loss_options(config.algorithm)["tepo_kl_mask_estimator"] == "k3+"
+    default = load_config("tepo_v2_kl_mask", [])
+    assert default.algorithm.tepo_kl_mask_estimator == "k3"
+    assert "tepo_kl_mask_estimator" not in loss_options(default.algorithm)  # the loss's own default: k3
+
+
+@pytest.mark.parametrize("overrides", [["algorithm.tepo_kl_mask_coef=0.1"], []])
+def test_config_refuses_an_unknown_tepo_kl_mask_estimator_in_one_line(overrides):
+    lines = config_error_lines([*overrides, "algorithm.tepo_kl_mask_estimator=k5"])
+    assert len(lines) == 2, lines
+    assert "tepo_kl_mask_estimator" in lines[1] and "'k5'" in lines[1] and "k3+" in lines[1]

@@ -124,6 +124,23 @@ def test_micro_batches_with_global_counts_sum_to_the_full_batch(name, agg):
     assert full_grad.abs().sum() > 0  # the comparison is not between two zero gradients
 
 
+@pytest.mark.parametrize("estimator", ["k2", "k3+", "k3_unbiased"])
+def test_tepo_kl_mask_estimators_split_into_micro_batches_unchanged(estimator):
+    batch = _random_batch(7)
+    n = batch["mask"].shape[0]
+    options = {
+        "num_tokens": int(batch["mask"].sum()),
+        "tepo_kl_mask_coef": 0.3,
+        "tepo_kl_mask_estimator": estimator,
+    }
+    full_loss, full_grad = _loss_grad("tepo", batch, slice(0, n), **options)
+    parts = [_loss_grad("tepo", batch, s, **options) for s in (slice(0, 2), slice(2, n))]
+    torch.testing.assert_close(sum(p[0] for p in parts), full_loss, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(torch.cat([p[1] for p in parts]), full_grad, rtol=1e-12, atol=1e-14)
+    without = _loss_grad("tepo", batch, slice(0, n), num_tokens=options["num_tokens"])[1]
+    assert not torch.allclose(full_grad, without)  # the masked term is there, not an empty set
+
+
 @pytest.mark.parametrize("name", ["clip_cov", "kl_cov", "cov_gauss"])
 def test_batch_statistic_losses_are_computed_per_call(name):
     """Documented behaviour: without cov_stats the statistics are those of each call, so one micro-batch equal to

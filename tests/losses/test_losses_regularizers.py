@@ -126,6 +126,65 @@ def test_tepo_kl_mask_divides_by_global_token_count_whatever_the_aggregation():
 
 
 @pytest.mark.parametrize(
+    ("estimator", "value", "slope"),
+    [
+        # x = old - logp; value per token and d value / d logp
+        ("k3", lambda x: E(x) - x - 1, lambda x: 1 - E(x)),
+        ("k2", lambda x: x * x / 2, lambda x: -x),
+        ("k3+", lambda x: E(x) - x - 1, lambda x: -x),  # k3's value, k2's gradient
+        ("k1", lambda x: -x, lambda x: 1.0),
+    ],
+)
+def test_tepo_kl_mask_estimator_sets_value_and_gradient(estimator, value, slope):
+    old = [[-1.2, -0.1, -2.3], [-0.5, -1.0]]
+    old_ent = [[1.6, 0.2, 2.5], [0.9, 1.5]]  # M = {(0, 0), (0, 2)}, as in the test above
+    coef = 2.0
+    inputs = _inputs(old_logp=pad(old), entropy=pad(ENT), old_entropy=pad(old_ent))
+    options = {"tepo_kl_mask_coef": coef, "tepo_kl_mask_estimator": estimator}
+    loss, metrics = compute_policy_loss("dapo", **inputs, eps=10.0, **options)
+    loss.backward()
+    x = [[o - lp for o, lp in zip(orow, lrow)] for orow, lrow in zip(old, LOGP)]
+    in_set = [(0, 0), (0, 2)]
+    assert metrics["tepo_kl_mask"] == pytest.approx(sum(value(x[i][t]) for i, t in in_set) / T_TOT, rel=1e-12)
+    expected = [[-E(-x[i][t]) * ADV[i] / T_TOT for t in range(len(x[i]))] for i in range(2)]
+    for i, t in in_set:
+        expected[i][t] += coef * slope(x[i][t]) / T_TOT
+    torch.testing.assert_close(inputs["logp"].grad, pad(expected, 0.0))
+
+
+def test_tepo_kl_mask_k3_gradient_grows_exponentially_where_k2_stays_linear():
+    # One token of M whose probability the previous update cut by e^7 (about 1100x): the spike of the study.
+    logp = torch.tensor([[-8.0]], dtype=torch.float64)
+    grads = {}
+    for estimator in ("k3", "k2"):
+        inputs = _inputs(
+            logp=logp.clone().requires_grad_(True),
+            old_logp=torch.tensor([[-1.0]], dtype=torch.float64),
+            advantages=torch.tensor([1.0], dtype=torch.float64),
+            mask=torch.ones(1, 1),
+            entropy=torch.tensor([[0.1]], dtype=torch.float64),
+            old_entropy=torch.tensor([[0.5]], dtype=torch.float64),
+        )
+        loss, _ = compute_policy_loss(
+            "dapo", **inputs, eps=10.0, tepo_kl_mask_coef=1.0, tepo_kl_mask_estimator=estimator
+        )
+        loss.backward()
+        grads[estimator] = inputs["logp"].grad.item() + E(-7.0)  # minus the policy term's -r * A
+    assert grads["k3"] == pytest.approx(1 - E(7.0), rel=1e-12)
+    assert grads["k2"] == pytest.approx(-7.0, rel=1e-12)
+
+
+def test_unknown_tepo_kl_mask_estimator_is_refused():
+    with pytest.raises(ValueError, match="unknown tepo_kl_mask_estimator 'k9'"):
+        compute_policy_loss(
+            "tepo",
+            **_inputs(entropy=pad(ENT), old_entropy=pad(ENT)),
+            tepo_kl_mask_coef=0.1,
+            tepo_kl_mask_estimator="k9",
+        )
+
+
+@pytest.mark.parametrize(
     ("options", "missing"),
     [
         ({"kl_coef": 0.1}, "ref_logp"),

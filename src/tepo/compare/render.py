@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from tepo.files import atomic_write_text
@@ -164,3 +165,12 @@ def read_table(directory: Path) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"{path}: not found; run `tepo compare --table-only --dir {directory}` first")
     return json.loads(path.read_text())
+
+
+def read_table_or_say_why(directory: Path) -> dict | None:
+    """:func:`read_table`, or None after printing why on stderr (a script then exits with status 2)."""
+    try:
+        return read_table(directory)
+    except FileNotFoundError as err:
+        print(err, file=sys.stderr)
+        return None

@@ -89,20 +89,21 @@ def validate(config: RunConfig) -> list[str]:
     if c.algorithm.max_resample_rounds and not c.algorithm.dynamic_sampling:
         errors.append("algorithm.max_resample_rounds > 0 needs algorithm.dynamic_sampling: true")
     errors += _rollout_correction_errors(c.algorithm)
-    # Checked even while kl_coef is 0, so a misspelt estimator is not silently unused until the KL is turned on.
-    kl_estimator_ok = c.algorithm.kl_estimator in KL_ESTIMATORS
-    if not kl_estimator_ok:
-        errors.append(
-            f"algorithm.kl_estimator: unknown estimator {c.algorithm.kl_estimator!r} "
-            f"(valid: {', '.join(KL_ESTIMATORS)})"
-        )
+    # Checked even while their coefficient is 0, so a misspelt estimator is not silently unused until turned on.
+    estimator_in_use_is_bad = False  # then the dry run below would report the estimator a second time
+    for key, coef in (("kl_estimator", "kl_coef"), ("tepo_kl_mask_estimator", "tepo_kl_mask_coef")):
+        if getattr(c.algorithm, key) not in KL_ESTIMATORS:
+            errors.append(
+                f"algorithm.{key}: unknown estimator {getattr(c.algorithm, key)!r} (valid: {', '.join(KL_ESTIMATORS)})"
+            )
+            estimator_in_use_is_bad |= bool(getattr(c.algorithm, coef))
 
     # Registry names and options: a dry call on a tiny batch catches unknown options now, not after model load.
     if c.algorithm.loss not in POLICY_LOSSES:
         errors.append(
             f"algorithm.loss: unknown loss {c.algorithm.loss!r} (valid: {', '.join(sorted(POLICY_LOSSES))})"
         )
-    elif kl_estimator_ok or not c.algorithm.kl_coef:  # else the dry run would report the estimator again
+    elif not estimator_in_use_is_bad:
         errors += _dry_run_loss(c.algorithm)
     if c.algorithm.advantage not in ADVANTAGE_ESTIMATORS:
         from tepo.advantages.registry import REFUSED_ESTIMATORS

@@ -55,6 +55,7 @@ MEANINGS: dict[str, str] = {
     "algorithm.kl_coef": "weight of the KL penalty to the frozen initial policy (0: off; >0 loads a reference)",
     "algorithm.kl_estimator": "estimator of that KL: k1, k2 or k3",
     "algorithm.tepo_kl_mask_coef": "TEPO v2: KL to the old policy on tokens with A > 0 and falling entropy (0: off)",
+    "algorithm.tepo_kl_mask_estimator": "estimator of that masked KL: k3 (default), k2, k3+ (k3 value, k2 gradient)...",
     "algorithm.dynamic_sampling": "drop groups whose rewards are all equal (DAPO's dynamic sampling)",
     "algorithm.max_resample_rounds": "extra prompt batches drawn to refill a batch that dynamic sampling thinned",
     "algorithm.rollout_correction": "sampler/trainer gap correction: auto, none, tis, mis, seq_tis, seq_mask, ...",

@@ -16,6 +16,10 @@ def loss_options(algo: AlgorithmConfig) -> dict:
         options["kl_estimator"] = algo.kl_estimator
     if algo.tepo_kl_mask_coef:
         options["tepo_kl_mask_coef"] = algo.tepo_kl_mask_coef
+        if (
+            algo.tepo_kl_mask_estimator != "k3"
+        ):  # only a change is passed (an adapter's options stay as they were)
+            options["tepo_kl_mask_estimator"] = algo.tepo_kl_mask_estimator
     return options
 
 

@@ -127,6 +127,7 @@ class TepoPolicyLossConfig(PolicyLossConfig):
     kl_coef: float | None = None
     kl_estimator: str | None = None
     tepo_kl_mask_coef: float | None = None
+    tepo_kl_mask_estimator: str | None = None
     # The 2026 losses' own options (sapo, vespo, dppo_tv, dppo_kl) and options (dual_clip on grpo/dapo/dr_grpo;
     # the token selections on any loss). Our ``tepo.sapo`` reads these tau_pos/tau_neg, not verl's
     # ``actor.tau_pos``/``actor.tau_neg`` (those belong to verl's builtin ``sapo``).

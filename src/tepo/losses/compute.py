@@ -35,6 +35,7 @@ COMMON_OPTIONS: dict[str, Any] = {
     "kl_coef": 0.0,
     "kl_estimator": "k3",
     "tepo_kl_mask_coef": 0.0,
+    "tepo_kl_mask_estimator": "k3",
     **SELECTION_OPTIONS,  # off_policy_mask, top_entropy_quantile, m2po_threshold (tepo.losses.token_selection)
 }
 
@@ -79,10 +80,9 @@ def _split_options(spec: PolicyLossSpec, options: dict[str, Any]) -> tuple[dict[
     for key in ("kl_coef", "tepo_kl_mask_coef"):
         if common[key] < 0:
             raise ValueError(f"{key} must be >= 0, got {common[key]}")
-    if common["kl_estimator"] not in KL_ESTIMATORS:
-        raise ValueError(
-            f"unknown kl_estimator {common['kl_estimator']!r}; expected one of: {', '.join(KL_ESTIMATORS)}"
-        )
+    for key in ("kl_estimator", "tepo_kl_mask_estimator"):
+        if common[key] not in KL_ESTIMATORS:
+            raise ValueError(f"unknown {key} {common[key]!r}; expected one of: {', '.join(KL_ESTIMATORS)}")
     if common["agg"] is not None:
         check_agg_mode(common["agg"])
     check_selection_options(common)
@@ -149,7 +149,8 @@ def compute_policy_loss(
     Options: the loss's own (see `POLICY_LOSSES[name].defaults`; ``eps`` sets eps_low = eps_high), ``agg``,
     ``entropy_coef`` (adds -coef*agg(H), needs ``entropy``), ``kl_coef`` with ``kl_estimator`` in k1/k2/k3
     (adds coef*agg(KL(pi_theta||pi_ref)), needs ``ref_logp``), ``tepo_kl_mask_coef`` (TEPO v2, adds
-    coef*sum_M k3(pi_theta||pi_old)/T_tot, needs ``entropy`` and ``old_entropy``). Token selections, any loss
+    coef*sum_M k(pi_theta||pi_old)/T_tot with ``tepo_kl_mask_estimator`` k (default k3), needs ``entropy`` and
+    ``old_entropy``). Token selections, any loss
     (`tepo.losses.token_selection`, each None = off): ``off_policy_mask=delta`` (DeepSeek-V3.2: drop a sequence
     with A_i < 0 whose mean of behaviour - logp exceeds delta), ``top_entropy_quantile=rho`` (keep tokens with
     entropy >= the (1 - rho) quantile over the mini-batch's valid tokens; needs ``entropy``),
@@ -279,7 +280,7 @@ def _regularizers(inputs, common: dict[str, Any], agg: str) -> tuple[list[torch.
         if common["kl_coef"] != 0:
             terms.append(common["kl_coef"] * kl_ref)
     if common["tepo_kl_mask_coef"] != 0:
-        term, in_set = tepo_kl_mask_term(inputs)
+        term, in_set = tepo_kl_mask_term(inputs, common["tepo_kl_mask_estimator"])
         terms.append(common["tepo_kl_mask_coef"] * term)
         metrics["tepo_kl_mask"] = scalar_value(term)
         metrics["tepo_kl_mask_frac"] = masked_mean_value(in_set.float(), inputs.mask)

@@ -89,15 +89,21 @@ def tepo_kl_mask_set(inputs: LossInputs) -> torch.Tensor:
     return inputs.mask & (inputs.advantages > 0) & (inputs.entropy.detach() < inputs.old_entropy)
 
 
-def tepo_kl_mask_term(inputs: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """TEPO v2 (arXiv 2604.12736) token-level KL mask: ``sum_{(i,t) in M} k3(pi_theta || pi_old)[i,t] / T_tot``.
+def tepo_kl_mask_term(inputs: LossInputs, estimator: str = "k3") -> tuple[torch.Tensor, torch.Tensor]:
+    """TEPO v2 (arXiv 2604.12736) token-level KL mask: ``sum_{(i,t) in M} k(pi_theta || pi_old)[i,t] / T_tot``.
 
-    k3 with d = old - logp: exp(d) - d - 1. Only the v2 abstract is public ("a token-level KL-Divergence mask
-    constraint that targets tokens with positive advantages and decreasing entropy"); the set M, the k3
-    estimator against pi_old and the division by the global token count T_tot (whatever the loss's own
-    aggregation) are OUR reading. Returns (term, M).
+    ``k`` is ``estimator`` (:func:`kl_estimate`) with d = old - logp; the default k3 is exp(d) - d - 1. Only the
+    v2 abstract is public ("a token-level KL-Divergence mask constraint that targets tokens with positive
+    advantages and decreasing entropy"); the set M, the k3 estimator against pi_old and the division by the
+    global token count T_tot (whatever the loss's own aggregation) are OUR reading. Returns (term, M).
+
+    Why the estimator is an option: k3's gradient, d/dlogp = 1 - exp(d) = 1 - pi_old/pi_theta, is unbounded for a
+    token in M whose probability the previous update cut (a token at pi_theta = pi_old / 1000 pulls with -999).
+    M can hold such tokens from a rollout's second update on (on the first, pi_theta = pi_old and the term is 0).
+    k2 (d^2 / 2, gradient logp - old) and the straight-through ``k3+`` (k3's value, k2's gradient) grow only
+    linearly in d.
     """
     in_set = tepo_kl_mask_set(inputs)
-    k3 = kl_estimate(inputs.logp, inputs.old_logp, "k3")
-    total = torch.where(in_set, k3, torch.zeros((), dtype=k3.dtype, device=k3.device)).sum()
+    kl = kl_estimate(inputs.logp, inputs.old_logp, estimator, old_logp=inputs.old_logp)
+    total = torch.where(in_set, kl, torch.zeros((), dtype=kl.dtype, device=kl.device)).sum()
     return total / inputs.num_tokens, in_set
