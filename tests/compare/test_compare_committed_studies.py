@@ -64,3 +64,15 @@ def test_the_claims_study_new_seeds_have_pass_at_k_and_are_paired_within_one_mac
         assert 0 <= passes[0] <= passes[1] <= passes[2] <= passes[3] <= 1, (method, seed, passes)
         if method != "grpo" and ("grpo", seed) in finished:
             assert "held_out_delta" in values, f"{method} seed {seed} is not paired with grpo"
+
+
+def test_the_claims_study_has_six_seeds_of_the_claim_methods_and_three_of_the_token_level_ones():
+    """Issue 46's "done when": `tepo compare --table-only` rebuilds six seeds of the four claim methods and seeds
+    3-5 of each token-level method, every run finished (none left out of the table)."""
+    table = build_table(discover_runs(RESULTS / "tepo-claims"), threshold=DEFAULT_THRESHOLD)
+    rows = {row["method"]: row for row in table["rows"]}
+    for method in ("grpo", "dapo", "tepo", "tepo_v2_kl_mask"):
+        assert sorted(rows[method]["per_seed"], key=int) == ["0", "1", "2", "3", "4", "5"], method
+    for method in ("ep_grpo", "erpo", "entropy_adv"):
+        assert sorted(rows[method]["per_seed"], key=int) == ["3", "4", "5"], method
+    assert not table.get("missing_runs"), table.get("missing_runs")
