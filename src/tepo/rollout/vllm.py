@@ -219,58 +219,67 @@ class VLLMRollout:
         # tepo.rollout.parity.ParityGuard (rollout.parity.check): checked after every synchronous weight sync.
         self.parity_guard = parity_guard
         self._proc: subprocess.Popen | None = None
-        # Before anything is written: a missing interpreter must not leave a model's worth of weights in RAM.
-        python = find_vllm_python(python)
-        weights_root, note = choose_weights_root(weights_bytes(model, getattr(torch, dtype)))
-        if note:
-            log(note)
-        sweep_orphaned_weight_dirs(weights_root)
-        self._weights_dir = Path(tempfile.mkdtemp(prefix=WEIGHTS_DIR_PREFIX, dir=weights_root))
-        # Without a log_path the log is temporary: next to the weights' name in the temp dir, removed with them.
-        default_log = Path(tempfile.gettempdir()) / f"{self._weights_dir.name}.log"
-        self._log_path = Path(log_path) if log_path else default_log
         self._synced_version = weights_version(model)
         self._stale = False
         self._use_staged = False  # the next generate loads the staged copy (stage_weights), not the model
         self._staged_version = None
-        write_weights(model, self._weights_dir, getattr(torch, dtype))
         if max_model_len is None:
             # Longer contexts need a larger KV budget (vLLM refuses to start if one full-length sequence does not
             # fit): raise kv_cache_gb and max_model_len together.
             max_model_len = min(int(getattr(model.config, "max_position_embeddings", 4096) or 4096), 4096)
         self.max_model_len = int(max_model_len)
+        # Before anything is written: a missing interpreter must not leave a model's worth of weights in RAM.
+        python = find_vllm_python(python)
+        self._write_weights_folder(log_path, log)
+        device = next(model.parameters()).device
+        options = {
+            "--model": self._weights_dir,
+            "--dtype": dtype,
+            "--max-model-len": self.max_model_len,
+            "--seed": int(seed),
+            # The server removes the weights folder when it exits, also when this process was SIGKILLed and
+            # could not: a leaked folder holds the model's size in /dev/shm, i.e. in RAM.
+            "--remove-model-dir-at-exit": 1,
+            # "auto": off on CPU, where a seeded request split over engine steps crashes vLLM 0.32
+            # (vllm_server._whole_prefill_settings); "on" only for unseeded requests (benchmarks).
+            "--chunked-prefill": chunked_prefill,
+            **engine_memory_options(
+                device.type, kv_cache_gb=kv_cache_gb, gpu_memory_utilization=gpu_memory_utilization
+            ),
+        }
+        env = _server_env(engine_cores(own_core))
+        if device.type == "cuda":  # the trainer's GPU (tepo.device)
+            env["CUDA_VISIBLE_DEVICES"] = visible_device_for_child(device)
+        self._start_server(python, options, env)
+        self._await_ready(startup_timeout_s)
 
+    def _write_weights_folder(self, log_path, log) -> None:
+        """The engine's copy of the weights, in a fresh folder (``/dev/shm`` where it fits), and the log's path."""
+        weights_root, note = choose_weights_root(weights_bytes(self.model, getattr(torch, self.dtype)))
+        if note:
+            log(note)
+        sweep_orphaned_weight_dirs(weights_root)
+        self._weights_dir = Path(tempfile.mkdtemp(prefix=WEIGHTS_DIR_PREFIX, dir=weights_root))
+        # Without a log_path the log is temporary: next to the weights' name in the temp dir, removed with them.
+        self._temporary_log = (
+            None if log_path else Path(tempfile.gettempdir()) / f"{self._weights_dir.name}.log"
+        )
+        self._log_path = Path(log_path) if log_path else self._temporary_log
+        write_weights(self.model, self._weights_dir, getattr(torch, self.dtype))
+
+    def _start_server(self, python: str, options: dict, env: dict) -> None:
+        """Start the server process with two pipes (requests in, replies out) and register its stop."""
         to_server_r, to_server_w = os.pipe()
         from_server_r, from_server_w = os.pipe()
+        options = {**options, "--in-fd": to_server_r, "--out-fd": from_server_w}
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self._log_path, "ab")  # noqa: SIM115 - the child keeps it; closed below after the fork
+        log_file = open(self._log_path, "ab")  # noqa: SIM115 - the child keeps it; closed below after the fork
         try:
-            device = next(model.parameters()).device
-            options = {
-                "--model": self._weights_dir,
-                "--dtype": dtype,
-                "--max-model-len": self.max_model_len,
-                "--seed": int(seed),
-                "--in-fd": to_server_r,
-                "--out-fd": from_server_w,
-                # The server removes the weights folder when it exits, also when this process was SIGKILLed and
-                # could not: a leaked folder holds the model's size in /dev/shm, i.e. in RAM.
-                "--remove-model-dir-at-exit": 1,
-                # "auto": off on CPU, where a seeded request split over engine steps crashes vLLM 0.32
-                # (vllm_server._whole_prefill_settings); "on" only for unseeded requests (benchmarks).
-                "--chunked-prefill": chunked_prefill,
-                **engine_memory_options(
-                    device.type, kv_cache_gb=kv_cache_gb, gpu_memory_utilization=gpu_memory_utilization
-                ),
-            }
-            env = _server_env(engine_cores(own_core))
-            if device.type == "cuda":  # the trainer's GPU (tepo.device)
-                env["CUDA_VISIBLE_DEVICES"] = visible_device_for_child(device)
             self._proc = subprocess.Popen(
                 [python, str(SERVER_SCRIPT), *(str(x) for item in options.items() for x in item)],
                 pass_fds=(to_server_r, from_server_w),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
                 cwd=str(self._weights_dir),
@@ -278,7 +287,7 @@ class VLLMRollout:
                 start_new_session=True,
             )
         finally:
-            log.close()
+            log_file.close()
             os.close(to_server_r)
             os.close(from_server_w)
         # Who owns the folder, for sweep_orphaned_weight_dirs (a later run removes it if both are killed).
@@ -287,9 +296,10 @@ class VLLMRollout:
         self._replies_fd = from_server_r
         self._buffer = b""
         # Runs at close(), at garbage collection, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(
-            self, _stop, self._proc, self._weights_dir, None if log_path else default_log
-        )
+        self._finalizer = weakref.finalize(self, _stop, self._proc, self._weights_dir, self._temporary_log)
+
+    def _await_ready(self, startup_timeout_s: float) -> None:
+        """Wait for the server's "ready" and keep what it says of the engine; on failure leave nothing behind."""
         try:
             ready = self._read_reply(startup_timeout_s, what="start-up")
         except BaseException:
