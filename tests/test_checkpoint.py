@@ -189,6 +189,44 @@ def test_a_failed_save_removes_its_partial_copy_and_keeps_the_previous_checkpoin
     assert load_checkpoint(find_latest_checkpoint(tmp_path), torch.nn.Linear(256, 256))["n"] == 1
 
 
+def test_a_save_that_fails_in_the_optimizer_state_file_says_so_too(tmp_path):
+    """The disk can fill during state.pt (torch.save, the optimizer's moments: twice the model in float32) rather
+    than model.safetensors. torch reports that write failure as a RuntimeError ("unexpected pos ...",
+    "iostream error"), not an OSError: it must still end as the one-message CheckpointError."""
+    script = (
+        textwrap.dedent(
+            """
+        import sys, torch
+        from pathlib import Path
+        from tepo.checkpoint import CheckpointError, save_checkpoint
+        run = Path(sys.argv[1])
+        model = torch.nn.Linear(256, 256)  # 263 KB of weights: under the 512 KB limit (per file) set below
+        moments = {"big": torch.zeros(200_000)}  # 800 KB in state.pt: over it
+        save_checkpoint(run, 1, model, {"n": 1})
+        """
+        )
+        + _LIMITED_WRITES.format(limit=512 * 1024)
+        + textwrap.dedent(
+            """
+        try:
+            save_checkpoint(run, 2, model, {"n": 2, **moments})
+        except CheckpointError as err:
+            print(err)
+        else:
+            print("saved")
+        """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    message = done.stdout.strip()
+    assert message.startswith("could not write checkpoint step_000002"), message
+    assert "state.pt" in message and "step_000001, is intact" in message
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]
+
+
 def test_tepo_train_on_a_full_disk_stops_with_one_message_and_resumes_once_there_is_room(
     tmp_path, embedded_model_dir
 ):

@@ -187,7 +187,7 @@ def _without_moments(optimizer_state: dict) -> dict:
 def _write_into(tmp: Path, step: int, model: torch.nn.Module, state: dict, optimizer_state: bool) -> None:
     tmp.mkdir()
     save_file(model_state_for_saving(model), str(tmp / "model.safetensors"))
-    torch.save({**state, "step": step}, tmp / "state.pt")
+    _torch_save({**state, "step": step}, tmp / "state.pt")
     files = {name: _sha256(tmp / name) for name in CHECKPOINT_FILES}
     for name in files:
         with open(tmp / name, "rb") as handle:
@@ -197,6 +197,18 @@ def _write_into(tmp: Path, step: int, model: torch.nn.Module, state: dict, optim
     with open(manifest, "rb") as handle:
         os.fsync(handle.fileno())
     fsync_folder(tmp)
+
+
+def _torch_save(obj: dict, path: Path) -> None:
+    """``torch.save``, its write failures raised as OSError. torch reports a full disk (or a file-size limit) as a
+    RuntimeError ("basic_ios::clear: iostream error", then "unexpected pos N vs M" from its zip writer); found when
+    a study's disk filled while the optimizer state, twice the model in float32, was being written."""
+    try:
+        torch.save(obj, path)
+    except RuntimeError as err:
+        cause = err.__context__ if isinstance(err.__context__, RuntimeError) else None
+        detail = f"{cause}; {err}" if cause is not None else str(err)
+        raise OSError(f"writing {path.name} failed: {detail}") from err
 
 
 def _save_failure_message(root: Path, final: Path, err: BaseException) -> str:
