@@ -150,7 +150,9 @@ resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
 """
 
 
-def test_a_failed_save_removes_its_partial_copy_and_keeps_the_previous_checkpoint(tmp_path):
+def _second_save_under_a_size_limit(run: Path, limit: int, second_state: str) -> str:
+    """Save step 1 of a Linear(256, 256) (263 KB of weights) freely, then step 2 with ``second_state`` (Python
+    source of its state dict) under a per-file size limit of ``limit`` bytes; what ``CheckpointError`` said."""
     script = (
         textwrap.dedent(
             """
@@ -158,15 +160,15 @@ def test_a_failed_save_removes_its_partial_copy_and_keeps_the_previous_checkpoin
         from pathlib import Path
         from tepo.checkpoint import CheckpointError, save_checkpoint
         run = Path(sys.argv[1])
-        model = torch.nn.Linear(256, 256)  # 263 KB of weights: past the 64 KB limit set below
+        model = torch.nn.Linear(256, 256)
         save_checkpoint(run, 1, model, {"n": 1})
         """
         )
-        + _LIMITED_WRITES.format(limit=64 * 1024)
+        + _LIMITED_WRITES.format(limit=limit)
         + textwrap.dedent(
-            """
+            f"""
         try:
-            save_checkpoint(run, 2, model, {"n": 2})
+            save_checkpoint(run, 2, model, {second_state})
         except CheckpointError as err:
             print(err)
         else:
@@ -175,16 +177,21 @@ def test_a_failed_save_removes_its_partial_copy_and_keeps_the_previous_checkpoin
         )
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script, str(run)], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     message = done.stdout.strip()
     assert message.startswith("could not write checkpoint step_000002"), message
-    assert "File too large" in message and "step_000001, is intact" in message
+    assert "step_000001, is intact" in message
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_000001"]  # no .tmp left behind
+    return message
+
+
+def test_a_failed_save_removes_its_partial_copy_and_keeps_the_previous_checkpoint(tmp_path):
+    # The weights (263 KB) cross the 64 KB limit.
+    message = _second_save_under_a_size_limit(tmp_path, 64 * 1024, '{"n": 2}')
+    assert "File too large" in message
     assert f"tepo train --resume {tmp_path}" in message
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
-        "step_000001"
-    ]  # no .tmp left behind
     assert verify_checkpoint(tmp_path / "checkpoints" / "step_000001") is None
     assert load_checkpoint(find_latest_checkpoint(tmp_path), torch.nn.Linear(256, 256))["n"] == 1
 
@@ -193,38 +200,9 @@ def test_a_save_that_fails_in_the_optimizer_state_file_says_so_too(tmp_path):
     """The disk can fill during state.pt (torch.save, the optimizer's moments: twice the model in float32) rather
     than model.safetensors. torch reports that write failure as a RuntimeError ("unexpected pos ...",
     "iostream error"), not an OSError: it must still end as the one-message CheckpointError."""
-    script = (
-        textwrap.dedent(
-            """
-        import sys, torch
-        from pathlib import Path
-        from tepo.checkpoint import CheckpointError, save_checkpoint
-        run = Path(sys.argv[1])
-        model = torch.nn.Linear(256, 256)  # 263 KB of weights: under the 512 KB limit (per file) set below
-        moments = {"big": torch.zeros(200_000)}  # 800 KB in state.pt: over it
-        save_checkpoint(run, 1, model, {"n": 1})
-        """
-        )
-        + _LIMITED_WRITES.format(limit=512 * 1024)
-        + textwrap.dedent(
-            """
-        try:
-            save_checkpoint(run, 2, model, {"n": 2, **moments})
-        except CheckpointError as err:
-            print(err)
-        else:
-            print("saved")
-        """
-        )
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    message = done.stdout.strip()
-    assert message.startswith("could not write checkpoint step_000002"), message
-    assert "state.pt" in message and "step_000001, is intact" in message
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000001"]
+    # The weights (263 KB) fit the 512 KB limit; the state's 800 KB tensor does not.
+    message = _second_save_under_a_size_limit(tmp_path, 512 * 1024, '{"n": 2, "big": torch.zeros(200_000)}')
+    assert "writing state.pt failed" in message
 
 
 def test_tepo_train_on_a_full_disk_stops_with_one_message_and_resumes_once_there_is_room(
