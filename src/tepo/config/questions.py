@@ -16,9 +16,8 @@ def loss_options(algo: AlgorithmConfig) -> dict:
         options["kl_estimator"] = algo.kl_estimator
     if algo.tepo_kl_mask_coef:
         options["tepo_kl_mask_coef"] = algo.tepo_kl_mask_coef
-        if (
-            algo.tepo_kl_mask_estimator != "k3"
-        ):  # only a change is passed (an adapter's options stay as they were)
+        # Only a change from the loss's own default (k3) is passed, so the options of earlier runs read as before.
+        if algo.tepo_kl_mask_estimator != "k3":
             options["tepo_kl_mask_estimator"] = algo.tepo_kl_mask_estimator
     return options
 

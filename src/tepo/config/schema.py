@@ -156,9 +156,8 @@ class AlgorithmConfig:
     kl_coef: float = 0.0
     kl_estimator: str = "k3"
     tepo_kl_mask_coef: float = 0.0
-    tepo_kl_mask_estimator: str = (
-        "k3"  # the masked KL's estimator (k3: our reading of v2; k2 / k3+: bounded pull)
-    )
+    # The masked KL's estimator: k3 (our reading of v2), or k2 / k3+, whose pull is bounded.
+    tepo_kl_mask_estimator: str = "k3"
     dynamic_sampling: bool = False  # drop groups whose rewards are all equal (DAPO; TEPO Eq. 10)
     max_resample_rounds: int = 0  # extra prompt batches drawn to refill a batch that dynamic sampling thinned
     # Off-policy correction for a sampler that is not the trainer's float32 policy (tepo.losses.rollout_correction):
