@@ -119,7 +119,13 @@ def test_compare_table_is_written_atomically(tmp_path, monkeypatch):
         "precision": {"mixed": False, "unpaired": []},
         "threshold": {"metric": "reward_mean", "value": 0.5, "window": 3},
         "convergence": {},
-        "bootstrap": {"method": "percentile", "resamples": 10, "confidence": 0.95, "seed": 0, "unit": "seed"},
+        "statistics": {
+            "interval": "student-t",
+            "confidence": 0.95,
+            "alpha": 0.05,
+            "unit": "seed",
+            "collapse": "-",
+        },
     }
     table_module.write_table(table, tmp_path)
     assert written == ["table.md", "table.json"]

@@ -1,4 +1,4 @@
-"""tepo compare: bootstrap intervals, the comparison table from fixed synthetic run directories, the plan
+"""tepo compare: the comparison table from fixed synthetic run directories, the plan
 (methods, seeds, identical settings, prompt schedules), reuse/resume without training, the default task."""
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from tepo.compare.runner import (
     run_state,
     write_plan,
 )
-from tepo.compare.stats import bootstrap_interval
 from tepo.compare.table import build_table, render_markdown, render_terminal, steps_to_threshold, write_table
 from tepo.config import ConfigError, save_config
 from tepo.data import make_mixture_problems
@@ -68,58 +67,6 @@ def make_run(
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Bootstrap
-# --------------------------------------------------------------------------------------------------------------
-
-
-def test_bootstrap_three_seeds_hand_checked():
-    # Resampling 3 values gives 27 equally likely ordered draws; the lowest mean 0.2 has mass 1/27 = 3.7% > 2.5%,
-    # and so does the highest, 0.6: the 95% percentile interval is exactly [0.2, 0.6].
-    iv = bootstrap_interval([0.2, 0.4, 0.6])
-    assert iv.mean == pytest.approx(0.4)
-    assert (iv.low, iv.high) == (pytest.approx(0.2), pytest.approx(0.6))
-    assert iv.n == 3
-
-
-def test_bootstrap_interval_inside_range_when_tails_are_thin():
-    # [0, 0, 0, 1]: P(mean = 0) = (3/4)^4 = 31.6% -> low = 0; P(mean >= 0.75) = 5.1% but P(mean = 1) = 0.4%
-    # < 2.5% -> high = 0.75, not the maximum 1.
-    iv = bootstrap_interval([0.0, 0.0, 0.0, 1.0])
-    assert iv.mean == pytest.approx(0.25)
-    assert iv.low == pytest.approx(0.0)
-    assert iv.high == pytest.approx(0.75)
-
-
-def test_bootstrap_is_seeded_and_contains_the_mean():
-    values = [0.31, 0.45, 0.38, 0.52, 0.29]
-    a, b = bootstrap_interval(values), bootstrap_interval(values)
-    assert (a.low, a.high) == (b.low, b.high)
-    assert a.low <= a.mean <= a.high
-    # The seed matters (the resamples really are random): with few resamples the intervals differ.
-    few = [0.11, 0.52, 0.23, 0.94, 0.35, 0.76, 0.47, 0.68]
-    assert bootstrap_interval(few, resamples=40, seed=0) != bootstrap_interval(few, resamples=40, seed=1)
-
-
-def test_bootstrap_width_shrinks_with_more_seeds():
-    three = bootstrap_interval([0.2, 0.4, 0.6])
-    nine = bootstrap_interval([0.2, 0.4, 0.6] * 3)
-    assert nine.mean == pytest.approx(three.mean)
-    assert nine.high - nine.low < three.high - three.low
-    assert nine.low <= nine.mean <= nine.high
-
-
-def test_bootstrap_one_seed_and_bad_input():
-    iv = bootstrap_interval([0.7])
-    assert (iv.mean, iv.low, iv.high, iv.n) == (0.7, 0.7, 0.7, 1)
-    with pytest.raises(ValueError, match="no values"):
-        bootstrap_interval([])
-    with pytest.raises(ValueError, match="finite"):
-        bootstrap_interval([0.1, float("nan")])
-    with pytest.raises(ValueError, match="confidence"):
-        bootstrap_interval([0.1, 0.2], confidence=1.5)
-
-
-# --------------------------------------------------------------------------------------------------------------
 # The table
 # --------------------------------------------------------------------------------------------------------------
 
@@ -157,7 +104,11 @@ def test_table_values_and_best(comparison):
     rows = {r["method"]: r for r in table["rows"]}
     g, t = rows["grpo"]["cells"], rows["tepo"]["cells"]
     assert g["held_out"]["mean"] == pytest.approx(0.4)
-    assert (g["held_out"]["low"], g["held_out"]["high"]) == (pytest.approx(0.2), pytest.approx(0.6))
+    # Student t, 2 df: 0.4 -/+ 4.302653 x 0.2 / sqrt(3) = 0.4 -/+ 0.496828.
+    assert (g["held_out"]["low"], g["held_out"]["high"]) == (
+        pytest.approx(0.4 - 0.496828, abs=1e-6),
+        pytest.approx(0.4 + 0.496828, abs=1e-6),
+    )
     assert g["held_out"]["values"] == [0.2, 0.4, 0.6]
     assert t["held_out"]["mean"] == pytest.approx(0.5) and t["held_out"]["n"] == 2
     assert t["held_out"]["best"] and not g["held_out"]["best"]
@@ -170,20 +121,15 @@ def test_table_values_and_best(comparison):
     assert table["missing_runs"] == ["tepo/seed2"]
     # The initial policy: one value per seed (0.25, 0.26, 0.27).
     assert table["initial"]["cells"]["held_out"]["mean"] == pytest.approx(0.26)
-    assert table["bootstrap"] == {
-        "method": "percentile",
-        "resamples": 10000,
-        "confidence": 0.95,
-        "seed": 0,
-        "unit": "seed",
-    }
+    assert table["statistics"]["interval"] == "student-t" and table["statistics"]["adjustment"] == "holm"
+    assert table["statistics"]["confidence"] == 0.95 and table["statistics"]["unit"] == "seed"
     assert "avg" not in [c["key"] for c in table["columns"]]  # one benchmark column: no average
 
 
 def test_table_markdown_terminal_json(comparison, tmp_path):
     table = build_table(discover_runs(comparison), threshold=0.25)
     md = render_markdown(table)
-    assert "| grpo " in md and "0.400 [0.200, 0.600]" in md
+    assert "| grpo " in md and "0.400 [-0.097, 0.897]" in md
     assert "**0.500**" in md  # tepo's held-out, best
     assert "initial policy" in md and "not finished (left out): tepo/seed2" in md
     term = render_terminal(table)
@@ -234,7 +180,9 @@ def test_pass_at_k_columns_for_the_runs_that_have_them(comparison):
     assert rows["tepo"]["pass@1"]["n"] == 0 and rows["tepo"]["pass@1"]["mean"] is None
     assert table["initial"]["cells"]["pass@2"]["mean"] == pytest.approx(0.2)  # seed 0's initial policy
     md = render_markdown(table)
-    assert "pass@1" in md.splitlines()[0] and "**0.350** [0.300, 0.400]" in md  # the only one: best
+    assert (
+        "pass@1" in md.splitlines()[0] and "**0.350** [-0.285, 0.985]" in md
+    )  # the only one: best (t, 1 df)
 
 
 def test_no_pass_at_k_column_without_pass_at_k(comparison):
@@ -353,7 +301,7 @@ def test_a_study_grows_by_seeds_and_methods_and_its_table_keeps_every_run(tmp_pa
     assert plan["earlier_plans"] == [
         {
             "base_config": "compare_default",
-            "overrides": ["train.steps=2"],
+            "overrides": ["train.steps=2", "eval.seed=0"],  # the shared held-out draw
             "methods": ["grpo", "tepo"],
             "seeds": [0, 1],
         }
@@ -466,7 +414,7 @@ def test_compare_cli_table_only(comparison, capsys):
     )
     out = capsys.readouterr().out
     assert rc == 0
-    assert "0.400* [0.200, 0.600]" not in out and "0.400 [0.200, 0.600]" in out and "0.500*" in out
+    assert "0.400* [-0.097, 0.897]" not in out and "0.400 [-0.097, 0.897]" in out and "0.500*" in out
     assert (comparison / "table.md").exists() and (comparison / "table.json").exists()
 
 

@@ -68,9 +68,21 @@ def _who_evaluated(plan) -> list[tuple[str, int]]:
     return evaluated
 
 
-def test_procedural_task_shares_within_a_seed_only(tmp_path):
-    # The held-out set of a procedural task is drawn from train.seed: one evaluation per seed.
+def test_procedural_task_held_out_set_is_one_draw_for_every_seed(tmp_path):
+    # tepo compare draws a procedural task's held-out set with one eval.seed for every run: the same problems
+    # whatever train.seed, so a greedy-only evaluation of the initial policy is made once.
     plan = plan_comparison(tmp_path, ["grpo", "tepo"], [0, 1], overrides=["train.steps=2", "eval.samples=0"])
+    assert {run.config.eval.seed for run in plan.runs} == {0}
+    assert len({run.held_out_digest for run in plan.runs}) == 1
+    assert _who_evaluated(plan) == [("grpo", 0)]
+
+
+def test_procedural_task_without_an_eval_seed_shares_within_a_seed_only(tmp_path):
+    # eval.seed null (--eval-seed none): each train.seed draws its own held-out set, one evaluation per seed.
+    plan = plan_comparison(
+        tmp_path, ["grpo", "tepo"], [0, 1], overrides=["train.steps=2", "eval.samples=0"], eval_seed=None
+    )
+    assert len({run.held_out_digest for run in plan.runs}) == 2
     assert _who_evaluated(plan) == [("grpo", 0), ("grpo", 1)]
 
 

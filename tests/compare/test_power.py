@@ -2,43 +2,37 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from helpers import load_script
 from tepo.compare.power import (
     detectable_paired_difference,
     paired_power_row,
-    regularized_incomplete_beta,
-    student_t_cdf,
-    student_t_quantile,
+    plan_seeds,
+    simulated_power,
+    t_test_power,
 )
 
 
-@pytest.mark.parametrize(
-    "p, df, table",  # Student's t table values (to 3-6 decimals as printed)
-    [
-        (0.975, 1, 12.706205),
-        (0.975, 2, 4.302653),
-        (0.975, 5, 2.570582),
-        (0.8, 5, 0.919544),
-        (0.95, 10, 1.812461),
-    ],
-)
-def test_t_quantiles_equal_the_printed_table(p, df, table):
-    assert student_t_quantile(p, df) == pytest.approx(table, abs=2e-6)
-    assert student_t_quantile(1 - p, df) == pytest.approx(-table, abs=2e-6)
+def test_t_test_power_against_a_printed_value_and_the_simulation():
+    # Cohen 1988 Table 2.3.5 style check: d = delta / sd = 1, n = 10, two-sided 0.05 -> power 0.80 (0.803).
+    assert t_test_power(1.0, 1.0, 10) == pytest.approx(0.803, abs=0.005)
+    simulated = simulated_power(1.0, 1.0, 10, simulations=4_000)
+    assert simulated["t"] == pytest.approx(0.803, abs=0.03)
+    # The sign-flip test cannot reject below 2 / 2^n: at n = 4 its smallest p is 0.125 > 0.05, power 0.
+    assert simulated_power(1.0, 0.1, 4)["sign_flip"] == 0.0
 
 
-def test_t_cdf_closed_forms():
-    # df = 1 is the Cauchy distribution: F(t) = 1/2 + atan(t)/pi; df = 2: F(t) = 1/2 + t / (2 sqrt(2 + t^2)).
-    for t in (-3.0, -0.5, 0.0, 0.7, 4.0):
-        assert student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-13)
-        assert student_t_cdf(t, 2) == pytest.approx(0.5 + t / (2 * math.sqrt(2 + t * t)), abs=1e-13)
-    # I_x(1, 1) = x; I_x(a, 1) = x^a.
-    assert regularized_incomplete_beta(1, 1, 0.3) == pytest.approx(0.3, abs=1e-14)
-    assert regularized_incomplete_beta(2.5, 1, 0.6) == pytest.approx(0.6**2.5, abs=1e-14)
+def test_plan_seeds_finds_the_smallest_count_with_the_power_asked():
+    plan = plan_seeds(0.09, 0.10, comparisons=3)
+    n = plan["seeds_t"]
+    assert n is not None and t_test_power(0.10, 0.09, n, alpha=0.05 / 3) >= 0.8
+    assert t_test_power(0.10, 0.09, n - 1, alpha=0.05 / 3) < 0.8
+    assert plan["seeds_sign_flip"] is not None and plan["curve"][plan["seeds_sign_flip"]]["sign_flip"] >= 0.8
+    # A spread too wide for the budget: no count up to max_seeds suffices, and the plan says so with None.
+    assert plan_seeds(0.5, 0.10, comparisons=10, max_seeds=12)["seeds_t"] is None
+    with pytest.raises(ValueError, match="non-zero"):
+        plan_seeds(0.1, 0.0)
 
 
 def test_detectable_difference_closed_form_and_shrinking_with_seeds():
@@ -68,8 +62,8 @@ def test_paired_power_row_and_the_script(tmp_path, capsys):
     (tmp_path / "table.json").write_text(__import__("json").dumps(table))
     assert load_script("study_power").main([str(tmp_path), "--seeds", "6"]) == 0
     out = capsys.readouterr().out
-    # 3 seeds: the percentile bootstrap interval of the mean spans [min, max] of -0.1, -0.3, -0.2
-    assert "| tepo | 3 | 0 / 0 / 3 | -0.200 [-0.300, -0.100] | 0.100 | 0.310 | 0.142 |" in out
+    # 3 seeds: the t interval -0.2 -/+ 4.302653 x 0.1 / sqrt(3) = -0.2 -/+ 0.248414
+    assert "| tepo | 3 | 0 / 0 / 3 | -0.200 [-0.448, +0.048] | 0.100 | 0.310 | 0.142 |" in out
     assert "| grpo " not in out
 
 
@@ -98,7 +92,7 @@ def test_the_script_pairs_any_measure_on_the_seeds_the_table_paired(tmp_path, ca
     assert "mean Δ pass@8 vs grpo" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("| tepo "))
     # mean of -0.25 and -0.10; sd = 0.15 / sqrt(2) = 0.106
-    assert line.startswith("| tepo | 2 | 0 / 0 / 2 | -0.175 [-0.250, -0.100] | 0.106 |"), line
+    assert line.startswith("| tepo | 2 | 0 / 0 / 2 | -0.175 [-1.128, +0.778] | 0.106 |"), line  # t, 1 df
 
 
 def test_the_direction_of_each_seed_is_counted(tmp_path, capsys):

@@ -232,7 +232,7 @@ def test_comparison_report_is_self_contained(comparison, comparison_report):
     assert "Held-out accuracy during training" in page
     assert "0 at every step of every run, not drawn: clip fraction, tokens (low)" in page
     assert "curve_clip_frac_low.png" not in {p.name for p in result.figures}
-    assert '0.400 <span class="ci">[0.200, 0.600]</span>' in page and "<strong>0.500</strong>" in page
+    assert '0.400 <span class="ci">[-0.097, 0.897]</span>' in page and "<strong>0.500</strong>" in page
     names = {p.name for p in result.figures}
     assert {"curves.png", "curve_reward_mean.png", "tokens_grpo_seed_0_step000004.png"} <= names
     for png in result.figures:

@@ -4,7 +4,8 @@
 - ``tepo.compare.table``: the comparison table (``build_table``); ``tepo.compare.measures``: what one run's files
   say (``held_out_curve``, ``convergence``, ``curve_auc``, ``steps_to_threshold``); ``tepo.compare.render``: the
   table as Markdown and terminal text, and its files (``render_markdown``, ``render_terminal``, ``write_table``),
-- ``tepo.compare.stats``: the percentile bootstrap over seeds,
+- ``tepo.compare.stats``: small-sample intervals and tests over seeds and problems; ``tepo.compare.power``: seeds
+  needed for a target difference,
 - the ``tepo compare`` command lives in ``tepo.report.compare_cli`` (it writes the report, so it sits above both).
 
 The default comparison task, ``arithmetic-mix``, is a procedural task in :mod:`tepo.data.tasks`.
@@ -22,26 +23,29 @@ from tepo.compare.runner import (
     plan_comparison,
     run_comparison,
 )
-from tepo.compare.stats import Interval, bootstrap_interval
+from tepo.compare.stats import Interval, holm, paired_t_p, sign_flip_p, t_interval
 from tepo.compare.table import build_table
 
 __all__ = [
     "ComparisonPlan",
     "Interval",
     "RunSpec",
-    "bootstrap_interval",
     "build_table",
     "convergence",
     "curve_auc",
     "discover_runs",
     "eval_sharing_key",
     "held_out_curve",
+    "holm",
+    "paired_t_p",
     "parse_methods",
     "parse_seeds",
     "plan_comparison",
     "render_markdown",
     "render_terminal",
     "run_comparison",
+    "sign_flip_p",
     "steps_to_threshold",
+    "t_interval",
     "write_table",
 ]

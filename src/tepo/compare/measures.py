@@ -25,6 +25,14 @@ REWARD = metric_name("reward_mean")
 STEP_SECONDS = metric_name("step_seconds")
 ENTROPY = metric_name("entropy_mean")
 GRAD_NORM = metric_name("grad_norm")
+TRUNCATED = metric_name("frac_truncated")
+# A run collapsed when training left it worse than it started on the held-out set, or when it never learned to
+# finish inside the response limit: the collapse that decided a third of the 64-token study's spread.
+COLLAPSE_TRUNCATED_SHARE = 0.5
+COLLAPSE_RULE = (
+    "final held-out greedy accuracy below the initial policy's, or a truncated share of responses above "
+    f"{COLLAPSE_TRUNCATED_SHARE:.0%} over the last third of the steps"
+)
 
 
 def _number(value) -> float | None:
@@ -226,3 +234,24 @@ def run_machine(run_dir: Path) -> str | None:
     recorded = (_read_json(Path(run_dir) / "summary.json") or {}).get("precision")
     hardware = recorded.get("hardware") if isinstance(recorded, dict) else None
     return hardware if isinstance(hardware, str) and hardware else None
+
+
+def truncated_last_third(rows: list[dict]) -> float | None:
+    """Mean ``rollout/frac_truncated`` (responses that hit the token limit) over the last third of the steps that
+    logged it (``max(1, n // 3)`` rows, as :func:`entropy_kept` counts them); None without such rows."""
+    shares = [float(r[TRUNCATED]) for r in rows if _number(r.get(TRUNCATED)) is not None]
+    if not shares:
+        return None
+    last = shares[-max(1, len(shares) // 3) :]
+    return sum(last) / len(last)
+
+
+def collapsed(initial: float | None, final: float | None, truncated: float | None) -> bool | None:
+    """:data:`COLLAPSE_RULE`: ``final < initial`` or ``truncated > COLLAPSE_TRUNCATED_SHARE``; None when neither
+    can be judged (no held-out pair and no truncation log)."""
+    verdicts = []
+    if initial is not None and final is not None:
+        verdicts.append(final < initial - 1e-12)
+    if truncated is not None:
+        verdicts.append(truncated > COLLAPSE_TRUNCATED_SHARE)
+    return any(verdicts) if verdicts else None

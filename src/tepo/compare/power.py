@@ -1,86 +1,146 @@
-"""How small a paired difference a study of n seeds can detect, given the seed-to-seed spread of its differences.
+"""How many seeds a study needs, and how small a paired difference a study of n seeds can detect.
 
-A study pairs each method's run with the reference's run of the same seed and reports the mean paired difference
-``d`` (``held_out_delta``). Read as a paired t-test with ``n`` seeds, the smallest true difference it detects at
-two-sided level ``alpha`` with probability ``power`` is (the standard normal-approximation-free formula, e.g.
-Cohen 1988, ch. 2; the t quantiles make it exact for normal differences with a known spread):
+A study pairs each method's run with the reference's run of the same seed and tests the per-seed differences
+``d_1..d_n``. With the differences spread by ``sd`` (Bessel's correction, measured on a pilot), the paired t-test
+at two-sided level ``alpha`` detects a true mean difference ``delta`` with probability
 
-    delta_min = (t_{1 - alpha/2, n-1} + t_{power, n-1}) * s_d / sqrt(n)
+    power_t(n) = P(|T| > t_{1 - alpha/2, n-1}),   T ~ noncentral t(n - 1, delta / (sd / sqrt(n)))
 
-``s_d`` is the standard deviation of the per-seed differences (Bessel's correction). The spread is measured on
-the study's own seeds, so with few seeds it is itself uncertain: the number says what the measured spread allows,
-not a guarantee. Student's t distribution is computed here (the regularized incomplete beta function by its
-continued fraction, Numerical Recipes 3rd ed. 6.4) to avoid a SciPy dependency.
+(Cohen 1988, ch. 2; ``scipy.stats.nct``), and the smallest difference detectable with probability ``power`` is,
+to the usual approximation, ``delta_min = (t_{1 - alpha/2, n-1} + t_{power, n-1}) * sd / sqrt(n)``.
+
+The study's own test is the sign-flip test (:func:`tepo.compare.stats.sign_flip_p`), whose p cannot fall below
+``2 / 2^n``, so its power is simulated (:func:`simulated_power`): normal differences of mean ``delta`` and spread
+``sd``, both tests applied, the share of draws with ``p < alpha``. Comparisons of ``m`` methods with one reference
+are Holm-adjusted, so a plan uses ``alpha / m``, the level Holm holds the smallest p to (conservative when several
+methods differ). The spread is measured on few seeds and is itself uncertain: a plan says what the measured spread
+allows, not a guarantee (Colas et al. 2018, "How Many Random Seeds?").
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
 
-_TINY = 1e-300
+import numpy as np
+from scipy import stats as scipy_stats
+
+DEFAULT_ALPHA = 0.05
+DEFAULT_POWER = 0.8
+DEFAULT_SIMULATIONS = 2_000
+MAX_EXACT_SIGN_FLIP = 16
 
 
-def _beta_continued_fraction(a: float, b: float, x: float) -> float:
-    """The continued fraction of the incomplete beta function (modified Lentz), converging for x < (a+1)/(a+b+2)."""
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > _TINY else _TINY)
-    h = d
-    for m in range(1, 500):
-        for numerator in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                          -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):  # fmt: skip
-            d = 1.0 + numerator * d
-            d = 1.0 / (d if abs(d) > _TINY else _TINY)
-            c = 1.0 + numerator / c
-            c = c if abs(c) > _TINY else _TINY
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def regularized_incomplete_beta(a: float, b: float, x: float) -> float:
-    """``I_x(a, b)`` for ``a, b > 0`` and ``0 <= x <= 1``."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _beta_continued_fraction(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _beta_continued_fraction(b, a, 1.0 - x) / b
-
-
-def student_t_cdf(t: float, df: float) -> float:
-    """``P(T <= t)`` for Student's t with ``df > 0`` degrees of freedom."""
-    tail = 0.5 * regularized_incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t >= 0 else tail
-
-
-def student_t_quantile(p: float, df: float) -> float:
-    """The ``t`` with ``P(T <= t) = p`` (bisection to 1e-12 on the monotone CDF)."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"a quantile needs 0 < p < 1, got {p}")
-    if p < 0.5:
-        return -student_t_quantile(1.0 - p, df)
-    low, high = 0.0, 1.0
-    while student_t_cdf(high, df) < p:
-        high *= 2.0
-    while high - low > 1e-12 * max(1.0, high):
-        mid = (low + high) / 2.0
-        low, high = (mid, high) if student_t_cdf(mid, df) < p else (low, mid)
-    return (low + high) / 2.0
-
-
-def detectable_paired_difference(sd: float, seeds: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+def detectable_paired_difference(
+    sd: float, seeds: int, *, alpha: float = DEFAULT_ALPHA, power: float = DEFAULT_POWER
+) -> float:
     """``delta_min`` of the module docstring: the smallest mean paired difference that ``seeds`` seeds detect at
     two-sided level ``alpha`` with probability ``power``, when the per-seed differences spread by ``sd``."""
     if seeds < 2:
         raise ValueError(f"a paired spread needs at least 2 seeds, got {seeds}")
     df = seeds - 1
-    factor = student_t_quantile(1.0 - alpha / 2.0, df) + student_t_quantile(power, df)
+    factor = float(scipy_stats.t.ppf(1.0 - alpha / 2.0, df) + scipy_stats.t.ppf(power, df))
     return factor * sd / math.sqrt(seeds)
+
+
+def t_test_power(delta: float, sd: float, seeds: int, *, alpha: float = DEFAULT_ALPHA) -> float:
+    """Exact power of the two-sided paired t-test (noncentral t) for a true difference ``delta``."""
+    if seeds < 2:
+        return 0.0
+    if sd <= 0:
+        return 1.0 if delta != 0 else alpha
+    df, nc = seeds - 1, delta / (sd / math.sqrt(seeds))
+    crit = float(scipy_stats.t.ppf(1 - alpha / 2, df))
+    return float(scipy_stats.nct.sf(crit, df, nc) + scipy_stats.nct.cdf(-crit, df, nc))
+
+
+def _sign_flip_p_rows(d: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Sign-flip p of each row of ``d``: exact over all sign assignments up to MAX_EXACT_SIGN_FLIP columns (rows
+    taken in chunks, so 2^16 assignments stay in memory), else 2,000 random assignments."""
+    n = d.shape[1]
+    exact = n <= MAX_EXACT_SIGN_FLIP
+    signs = (
+        np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+        if exact
+        else rng.choice((1.0, -1.0), (2_000, n))
+    )
+    hits = np.empty(d.shape[0])
+    chunk = max(1, 2**22 // len(signs))
+    for start in range(0, d.shape[0], chunk):
+        part = d[start : start + chunk]
+        hits[start : start + chunk] = np.sum(
+            np.abs(part @ signs.T) >= np.abs(part.sum(axis=1))[:, None] - 1e-12, axis=1
+        )
+    return hits / len(signs) if exact else (1 + hits) / (1 + len(signs))
+
+
+def simulated_power(
+    delta: float,
+    sd: float,
+    seeds: int,
+    *,
+    alpha: float = DEFAULT_ALPHA,
+    simulations: int = DEFAULT_SIMULATIONS,
+    seed: int = 0,
+) -> dict[str, float]:
+    """Share of ``simulations`` normal studies (``seeds`` differences of mean ``delta``, spread ``sd``) in which the
+    sign-flip test and the t-test reject at ``alpha``: ``{"sign_flip": ..., "t": ...}``."""
+    if seeds < 2:
+        return {"sign_flip": 0.0, "t": 0.0}
+    rng = np.random.default_rng(seed)
+    d = rng.normal(delta, sd, size=(simulations, seeds))
+    spread = d.std(axis=1, ddof=1)
+    t = d.mean(axis=1) / np.where(spread > 0, spread / math.sqrt(seeds), np.inf)
+    p_t = 2 * scipy_stats.t.sf(np.abs(t), seeds - 1)
+    p_flip = _sign_flip_p_rows(d, rng)
+    return {"sign_flip": float(np.mean(p_flip < alpha)), "t": float(np.mean(p_t < alpha))}
+
+
+def plan_seeds(
+    sd: float,
+    delta: float,
+    *,
+    comparisons: int = 1,
+    alpha: float = DEFAULT_ALPHA,
+    power: float = DEFAULT_POWER,
+    max_seeds: int = 40,
+    simulations: int = DEFAULT_SIMULATIONS,
+    seed: int = 0,
+) -> dict:
+    """The fewest seeds whose sign-flip test (simulated) and t-test (exact) detect ``delta`` with ``power`` at the
+    Holm level ``alpha / comparisons``; None where ``max_seeds`` do not suffice. The simulated power at each count
+    tried is kept, so a reader sees how the power grows."""
+    if delta == 0 or sd < 0:
+        raise ValueError(
+            f"plan_seeds: needs a non-zero target difference and sd >= 0, got delta={delta}, sd={sd}"
+        )
+    level = alpha / max(comparisons, 1)
+    curve, needed_t, needed_flip = {}, None, None
+    for n in range(2, max_seeds + 1):
+        exact_t = t_test_power(delta, sd, n, alpha=level)
+        if needed_t is None and exact_t >= power:
+            needed_t = n
+        if n <= 2 or (needed_flip is None and exact_t >= power * 0.5):
+            simulated = simulated_power(delta, sd, n, alpha=level, simulations=simulations, seed=seed + n)
+            curve[n] = {"t_exact": exact_t, **simulated}
+            if needed_flip is None and simulated["sign_flip"] >= power:
+                needed_flip = n
+        if needed_t is not None and needed_flip is not None:
+            break
+    return {
+        "sd": sd,
+        "delta": delta,
+        "alpha": alpha,
+        "comparisons": comparisons,
+        "level": level,
+        "power": power,
+        "seeds_t": needed_t,
+        "seeds_sign_flip": needed_flip,
+        "curve": curve,
+        "max_seeds": max_seeds,
+    }
 
 
 def paired_power_row(differences: Sequence[float], *, seeds: Sequence[int] = (), **kwargs) -> dict:

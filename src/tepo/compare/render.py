@@ -29,6 +29,10 @@ def format_value(value: float | None, key: str) -> str:
 
 
 def format_cell(cell: dict | None, key: str, *, markdown: bool, with_interval: bool = True) -> str:
+    if key == "collapsed" and cell and cell.get("n"):
+        return (
+            f"{round(cell['mean'] * cell['n'])}/{cell['n']}"  # a count of runs, not a mean with an interval
+        )
     if not cell or cell.get("mean") is None:
         if not cell or not cell.get("of"):
             return "-"
@@ -37,7 +41,7 @@ def format_cell(cell: dict | None, key: str, *, markdown: bool, with_interval: b
     if cell.get("best"):
         mean = f"**{mean}**" if markdown else f"{mean}*"
     text = mean
-    if with_interval and cell["n"] > 1:
+    if with_interval and cell["n"] > 1 and cell.get("low") is not None:
         text += f" [{format_value(cell['low'], key)}, {format_value(cell['high'], key)}]"
     if cell.get("of") and cell["n"] < cell["of"]:
         text += f" ({cell['n']}/{cell['of']})"
@@ -64,12 +68,12 @@ def table_rows(table: dict, *, markdown: bool) -> tuple[list[str], list[list[str
 
 
 def table_footer(table: dict) -> str:
-    b, t = table["bootstrap"], table["threshold"]
+    st, t = table["statistics"], table["threshold"]
     lines = [
-        f"mean over seeds [{b['confidence']:.0%} percentile bootstrap interval over seeds, {b['resamples']} resamples, "
-        f"seed {b['seed']}]; best of each column marked; steps@{t['value']:g}: first step whose trailing "
-        f"{t['window']}-step mean batch reward >= {t['value']:g} (seeds that reached it / all); entropy kept: mean "
-        "token entropy of the last third of the steps / step 1's (descriptive, not ranked)",
+        f"mean over seeds [{st['confidence']:.0%} Student-t interval, n - 1 degrees of freedom]; best of each column "
+        f"marked; steps@{t['value']:g}: first step whose trailing {t['window']}-step mean batch reward >= "
+        f"{t['value']:g} (seeds that reached it / all); entropy kept: mean token entropy of the last third of the "
+        f"steps / step 1's (descriptive, not ranked); collapsed: runs with {st['collapse']}",
     ]
     c = table.get("convergence") or {}
     if c.get("target") is not None:
@@ -118,10 +122,12 @@ def per_seed_rows(table: dict, key: str) -> tuple[list[str], list[list[str]]]:
 
 
 def render_markdown(table: dict) -> str:
+    from tepo.compare.render_paired import render_statistics
     from tepo.metrics.tables import format_table
 
     headers, body = table_rows(table, markdown=True)
     text = format_table(headers, body) + "\n\n" + table_footer(table) + "\n"
+    text += render_statistics(table)
     labels = {c["key"]: c["label"] for c in table["columns"]}
     for key in (k for k in PER_SEED_KEYS if k in labels):
         seed_headers, seed_body = per_seed_rows(table, key)
@@ -144,10 +150,12 @@ def select_columns(table: dict, keys: list[str]) -> dict:
 
 
 def render_terminal(table: dict) -> str:
+    from tepo.compare.render_paired import render_statistics
     from tepo.metrics.tables import format_table
 
     headers, body = table_rows(table, markdown=False)
-    return format_table(headers, body) + "\n" + table_footer(table)
+    text = format_table(headers, body) + "\n" + table_footer(table)
+    return text + "\n" + render_statistics(table, measures=("held_out",)).rstrip("\n")
 
 
 def write_table(table: dict, directory: Path) -> tuple[Path, Path]:

@@ -32,7 +32,10 @@ What "identical settings" means here, and how it is checked:
   ``train.seed`` stays in the key when ``eval.samples > 0``, because the sampled pass draws from
   ``10_000 + train.seed``; with greedy-only evaluation (``eval.samples=0``) the seed matters only through the
   held-out set, so runs of different seeds share one evaluation when their held-out sets are equal (a file or
-  benchmark ``eval.source``; a procedural task's test split is drawn from ``train.seed`` and differs).
+  benchmark ``eval.source``, or a procedural task's test split drawn with the comparison's ``eval.seed``).
+- Every run is scored on one held-out draw: ``plan_comparison`` sets ``eval.seed`` (``--eval-seed``, default
+  :data:`DEFAULT_EVAL_SEED`) for all of them, and each evaluation writes its per-problem records
+  (``tepo.evaluate.records``), which the table pairs problem by problem (``tepo.compare.problems``).
   Without the held-out digest (``check_prompts=False``) the seed stays in the key.
 
 Reuse: a run with ``summary.json`` is finished and reused (its saved config must equal the planned one); a run
@@ -53,10 +56,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tepo.config import ConfigError, RunConfig, list_presets, load_config
+from tepo.evaluate.records import BEFORE, records_path
 from tepo.files import atomic_write_text
 from tepo.training.micro_batches import resolve_micro_batch_tokens
 
 PLAN_FILE = "comparison.json"
+# The held-out draw shared by every run of a comparison (eval.seed): paired differences are then measured on the
+# same problems, whatever the training seed.
+DEFAULT_EVAL_SEED = 0
 # Sections/keys that may differ between the runs of one comparison without making them unfair.
 _PER_RUN_KEYS = {"train.seed", "train.run_name", "train.output_dir"}
 # Keys that do not change what the initial policy scores on the held-out set.
@@ -220,11 +227,17 @@ def plan_comparison(
     config: str | None = None,
     overrides: Sequence[str] = (),
     check_prompts: bool = True,
+    eval_seed: int | None = DEFAULT_EVAL_SEED,
 ) -> ComparisonPlan:
-    """Resolve every run's config (validated now, before any training) and check the settings are identical."""
+    """Resolve every run's config (validated now, before any training) and check the settings are identical.
+
+    ``eval_seed``: the one held-out draw every run is scored on (``eval.seed``), unless an override sets it;
+    None leaves ``eval.seed`` as the base config has it."""
     directory = Path(directory)
     base = config or "compare_default"
     overrides = list(overrides)
+    if eval_seed is not None and not any(o.split("=", 1)[0].strip() == "eval.seed" for o in overrides):
+        overrides.append(f"eval.seed={eval_seed}")
     for item in overrides:
         key = item.split("=", 1)[0].strip()
         if key in ("train.seed", "algorithm.loss"):
@@ -364,6 +377,11 @@ def _share_eval_before(plan: ComparisonPlan, spec: RunSpec) -> None:
     if source is not None:
         spec.run_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, target)
+        # The initial policy's per-problem records go with its scores (runs that predate them have none).
+        records = records_path(source.parent, BEFORE)
+        if records.exists():
+            records_path(spec.run_dir, BEFORE).parent.mkdir(exist_ok=True)
+            shutil.copyfile(records, records_path(spec.run_dir, BEFORE))
 
 
 def _same_evaluation_in_plan(plan: ComparisonPlan, spec: RunSpec) -> Path | None:

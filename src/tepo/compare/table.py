@@ -67,11 +67,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from tepo.compare.measures import (
+    COLLAPSE_RULE,
     EVAL_BEFORE_FILE,
     STEP_SECONDS,
     _number,
     _read_json,
     benchmark_scores,
+    collapsed,
     convergence,
     curve_auc,
     entropy_kept,
@@ -81,7 +83,10 @@ from tepo.compare.measures import (
     run_machine,
     run_precision,
     steps_to_threshold,
+    truncated_last_third,
 )
+from tepo.compare.paired import ALPHA, PAIRED_MEASURES, aggregates, paired_measures
+from tepo.compare.problems import problem_level
 from tepo.compare.render import (
     INITIAL_ROW,
     REACH_KEYS,
@@ -96,12 +101,7 @@ from tepo.compare.render import (
     write_table,
 )
 from tepo.compare.runner import run_state
-from tepo.compare.stats import (
-    DEFAULT_BOOTSTRAP_SEED,
-    DEFAULT_CONFIDENCE,
-    DEFAULT_RESAMPLES,
-    bootstrap_interval,
-)
+from tepo.compare.stats import DEFAULT_CONFIDENCE, EXACT_SIGN_FLIP_MAX_N, T_INTERVAL, t_interval
 from tepo.metrics import read_metrics
 
 # What the table's callers import from here: the measures of one run (tepo.compare.measures) and the rendering
@@ -160,6 +160,18 @@ class RunValues(NamedTuple):
     rows: list[dict]
 
 
+class _Runs(NamedTuple):
+    """What the table reads of every run: values by method and seed, the raw series, precision, machine, the
+    initial policy's scores by seed, and the runs not finished."""
+
+    per_method: dict[str, dict[int, dict]]
+    series: dict[tuple[str, int], RunValues]
+    precision: dict[tuple[str, int], str]
+    machine: dict[tuple[str, int], str | None]
+    initial: dict[int, dict]
+    missing: list[str]
+
+
 def _pass_at_k(scores: dict) -> dict[str, float | None]:
     """``{"pass@k": value}`` from an evaluation's ``eval_pass@k`` keys (eval.pass_k_samples; absent when off)."""
     return {k.removeprefix("eval_"): _number(v) for k, v in scores.items() if k.startswith("eval_pass@")}
@@ -196,6 +208,10 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
     values["held_out_drop"] = max_drop(curve)
     values["entropy_kept"] = entropy_kept(rows)
     values["grad_norm"] = grad_norm_mean(rows)
+    collapse = collapsed(
+        _number(before.get("eval_greedy_accuracy")), values["held_out"], truncated_last_third(rows)
+    )
+    values["collapsed"] = None if collapse is None else float(collapse)
     step_seconds = [float(r[STEP_SECONDS]) for r in rows if _number(r.get(STEP_SECONDS)) is not None]
     if step_seconds:
         values["seconds_per_step"] = statistics.median(step_seconds)
@@ -213,73 +229,66 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
     )
 
 
-def build_table(
-    runs: dict[str, dict[int, Path]],
-    *,
-    threshold: float = 0.5,
-    window: int = 3,
-    resamples: int = DEFAULT_RESAMPLES,
-    confidence: float = DEFAULT_CONFIDENCE,
-    bootstrap_seed: int = DEFAULT_BOOTSTRAP_SEED,
-    convergence_share: float = DEFAULT_CONVERGENCE_SHARE,
-    reference: str | None = None,
-) -> dict:
-    """The table as a JSON-ready dict (see the module docstring); only finished runs (``summary.json``) count."""
-    if not 0 < convergence_share <= 1:
-        raise ValueError(f"--convergence-share: expected a share in (0, 1], got {convergence_share}")
-    if reference is not None and reference not in runs:
-        raise ValueError(f"--reference {reference!r}: not one of the methods ({', '.join(runs)})")
-    if reference is None and runs:
-        reference = DEFAULT_REFERENCE if DEFAULT_REFERENCE in runs else next(iter(runs))
-    per_method: dict[str, dict[int, dict]] = {}
-    series: dict[tuple[str, int], RunValues] = {}  # read once; the convergence loop below reuses them
-    initial: dict[int, dict] = {}
-    precision: dict[tuple[str, int], str] = {}  # each finished run's precision (run_precision)
-    machine: dict[tuple[str, int], str | None] = {}  # and the machine it recorded (run_machine)
-    missing = []
+def _read_runs(runs: dict[str, dict[int, Path]], threshold: float, window: int) -> _Runs:
+    """Every finished run's values, series, precision and machine; the unfinished ones by name."""
+    read = _Runs({}, {}, {}, {}, {}, [])
     for method, seeds in runs.items():
         for seed, run_dir in sorted(seeds.items()):
             if run_state(run_dir) != "finished":
-                missing.append(f"{method}/seed{seed}")
+                read.missing.append(f"{method}/seed{seed}")
                 continue
-            read = series[method, seed] = run_values(run_dir, threshold=threshold, window=window)
-            per_method.setdefault(method, {})[seed] = read.after
-            precision[method, seed] = run_precision(run_dir)
-            machine[method, seed] = run_machine(run_dir)
+            values = read.series[method, seed] = run_values(run_dir, threshold=threshold, window=window)
+            read.per_method.setdefault(method, {})[seed] = values.after
+            read.precision[method, seed] = run_precision(run_dir)
+            read.machine[method, seed] = run_machine(run_dir)
             # identical across methods for one seed: the same initial policy
-            initial.setdefault(seed, read.before)
+            read.initial.setdefault(seed, values.before)
+    return read
 
-    ref_finals = [v["held_out"] for v in per_method.get(reference, {}).values() if "held_out" in v]
-    ref_final = sum(ref_finals) / len(ref_finals) if ref_finals else None
-    target = None if ref_final is None else convergence_share * ref_final
-    if target is not None:
-        for method, seeds in per_method.items():
-            for seed, values in seeds.items():
-                step, secs = convergence(series[method, seed].curve, series[method, seed].rows, target)
-                if step is not None:
-                    values["steps_to_share"], values["seconds_to_share"] = float(step), secs
 
-    reference_by_seed = per_method.get(reference, {})
-    unpaired = []  # (method, seed) whose run and the reference's ran at different precisions: not differenced
-    for method, seeds in per_method.items():
+def _add_convergence(read: _Runs, target: float | None) -> None:
+    """``steps_to_share`` / ``seconds_to_share`` of every run that reached ``target`` on its held-out curve."""
+    if target is None:
+        return
+    for method, seeds in read.per_method.items():
+        for seed, values in seeds.items():
+            step, secs = convergence(read.series[method, seed].curve, read.series[method, seed].rows, target)
+            if step is not None:
+                values["steps_to_share"], values["seconds_to_share"] = float(step), secs
+
+
+def _pair_with_reference(read: _Runs, reference: str) -> tuple[set[tuple[str, int]], list[str]]:
+    """The (method, seed) runs that pair with the reference's run of their seed, and why the others do not.
+
+    Runs of another precision, or recorded on another machine, are not paired: float arithmetic differs between
+    them (a run that recorded no machine is taken to share its seed's machine). Paired runs get
+    ``held_out_delta``, the per-seed difference in final held-out accuracy."""
+    pairable, unpaired = set(), []
+    reference_by_seed = read.per_method.get(reference, {})
+    for method, seeds in read.per_method.items():
         if method == reference:
             continue
         for seed, values in seeds.items():
-            ref = reference_by_seed.get(seed, {})
+            if seed not in reference_by_seed:
+                continue
+            if read.precision[method, seed] != read.precision[reference, seed]:
+                unpaired.append(
+                    f"{method}/seed{seed} ({read.precision[method, seed]}) vs {reference} "
+                    f"({read.precision[reference, seed]})"
+                )
+                continue
+            machines = read.machine[method, seed], read.machine[reference, seed]
+            if None not in machines and machines[0] != machines[1]:
+                unpaired.append(f"{method}/seed{seed} ({machines[0]}) vs {reference} ({machines[1]})")
+                continue
+            pairable.add((method, seed))
+            ref = reference_by_seed[seed]
             if "held_out" in values and "held_out" in ref:
-                if precision[method, seed] != precision[reference, seed]:
-                    unpaired.append(
-                        f"{method}/seed{seed} ({precision[method, seed]}) vs {reference} ({precision[reference, seed]})"
-                    )
-                    continue
-                # Float arithmetic differs between CPU kinds: runs recorded on two machines are not paired either
-                # (a run that recorded none, made before 2026-12-05, is taken to share its seed's machine).
-                machines = machine[method, seed], machine[reference, seed]
-                if None not in machines and machines[0] != machines[1]:
-                    unpaired.append(f"{method}/seed{seed} ({machines[0]}) vs {reference} ({machines[1]})")
-                    continue
                 values["held_out_delta"] = values["held_out"] - ref["held_out"]
+    return pairable, unpaired
 
+
+def _columns(per_method: dict, reference: str, threshold: float, convergence_share: float) -> list[Column]:
     benches = sorted(
         {k for seeds in per_method.values() for v in seeds.values() for k in v if k.startswith("bench:")}
     )
@@ -289,7 +298,8 @@ def build_table(
         columns.append(Column("avg", "avg", True, False))
     r_label = f"{threshold:g}"
     all_values = [v for seeds in per_method.values() for v in seeds.values()]
-    columns += [
+    return [
+        *columns,
         Column("sampled", "sampled"),
         *([Column("sampled_cons", "cons@n")] if any("sampled_cons" in v for v in all_values) else []),
         *(Column(k, k) for k in _pass_k_keys(all_values)),
@@ -302,81 +312,132 @@ def build_table(
         Column("held_out_drop", "held-out max drop", higher_is_better=False, ranked=False),
         Column("entropy_kept", "entropy kept", ranked=False),
         Column("grad_norm", "grad norm", ranked=False),
+        Column("collapsed", "collapsed", higher_is_better=False, ranked=False),
         Column("held_out_delta", f"Δ held-out vs {reference} (paired)", ranked=False),
         Column("seconds_per_step", "s/step", higher_is_better=False),
     ]
+
+
+def _cell(values: list[float], total: int, confidence: float) -> dict:
+    """Mean over seeds with its Student-t interval; ``of``: the seeds the method ran (some may lack the value)."""
+    if not values:
+        return {"mean": None, "low": None, "high": None, "n": 0, "values": [], "of": total}
+    return t_interval(values, confidence=confidence).to_dict() | {"of": total}
+
+
+def _method_rows(read: _Runs, columns: list[Column], reference: str, paired: dict, confidence: float) -> list:
     bench_keys = [c.key for c in columns if c.benchmark]
-
-    def cell(values: list[float], total: int) -> dict | None:
-        if not values:
-            return {"mean": None, "low": None, "high": None, "n": 0, "values": [], "of": total}
-        out = bootstrap_interval(
-            values, resamples=resamples, confidence=confidence, seed=bootstrap_seed
-        ).to_dict()
-        out["of"] = total
-        return out
-
     rows = []
-    for method, seeds in per_method.items():
+    for method, seeds in read.per_method.items():
         for values in seeds.values():
             if len(bench_keys) >= 2 and all(k in values for k in bench_keys):
                 values["avg"] = sum(values[k] for k in bench_keys) / len(bench_keys)
-        cells = {c.key: cell([v[c.key] for v in seeds.values() if c.key in v], len(seeds)) for c in columns}
-        if method == reference:  # no difference with itself: an empty cell, not a missing one
-            cells["held_out_delta"] = cell([], 0)
-        per_seed = {str(seed): dict(values) for seed, values in sorted(seeds.items())}
-        labels = sorted({precision[method, seed] for seed in seeds})
+        cells = {
+            c.key: _cell([v[c.key] for v in seeds.values() if c.key in v], len(seeds), confidence)
+            for c in columns
+        }
+        # The paired difference carries its tests (tepo.compare.paired); the reference has no difference with itself.
+        cells["held_out_delta"] = (
+            _cell([], 0, confidence)
+            if method == reference
+            else paired["held_out"][method] | {"of": len(seeds)}
+        )
         rows.append(
             {
                 "method": method,
                 "seeds": sorted(seeds),
                 "cells": cells,
-                "per_seed": per_seed,
-                "precision": labels,
+                "per_seed": {str(seed): dict(values) for seed, values in sorted(seeds.items())},
+                "precision": sorted({read.precision[method, seed] for seed in seeds}),
             }
         )
+    return rows
+
+
+def _mark_best(rows: list[dict], columns: list[Column]) -> None:
+    """``best`` on the best mean of each ranked column; steps and wall time compare only the methods whose share
+    of seeds reaching the threshold is the largest."""
     for column in columns:
+        cells = [r["cells"][column.key] for r in rows]
         if not column.ranked:
-            for row in rows:
-                row["cells"][column.key]["best"] = False
+            for cell in cells:
+                cell["best"] = False
             continue
-        means = [r["cells"][column.key]["mean"] for r in rows]
-        shares = [r["cells"][column.key]["n"] / max(r["cells"][column.key]["of"], 1) for r in rows]
-        # Steps/wall time: compare only methods whose share of seeds reaching the threshold is the largest.
+        means = [c["mean"] for c in cells]
+        shares = [c["n"] / max(c["of"], 1) for c in cells]
         eligible = [
             m is not None and (column.higher_is_better or s == max(shares)) for m, s in zip(means, shares)
         ]
         candidates = [m for m, ok in zip(means, eligible) if ok]
         best = (max if column.higher_is_better else min)(candidates) if candidates else None
-        for row, mean, ok in zip(rows, means, eligible):
-            row["cells"][column.key]["best"] = bool(
+        for cell, mean, ok in zip(cells, means, eligible):
+            cell["best"] = bool(
                 len(rows) > 1
                 and ok
                 and best is not None
                 and math.isclose(mean, best, rel_tol=1e-12, abs_tol=1e-12)
             )
-    initial_cells = {}
+
+
+def _initial_row(initial: dict[int, dict], confidence: float) -> dict | None:
+    cells = {}
     for key in ("held_out", "sampled", "sampled_cons", *_pass_k_keys(list(initial.values()))):
         vals = [v[key] for v in initial.values() if key in v]
         if vals:
-            initial_cells[key] = cell(vals, len(initial)) | {"best": False}
+            cells[key] = _cell(vals, len(initial), confidence) | {"best": False}
+    if not cells:
+        return None
+    return {
+        "method": INITIAL_ROW,
+        "seeds": sorted(initial),
+        "cells": cells,
+        "per_seed": {str(seed): dict(values) for seed, values in sorted(initial.items())},
+    }
+
+
+def _paired_seeds(paired: dict) -> dict[str, list[int]]:
+    return {method: cell["seeds"] for method, cell in paired.get("held_out", {}).items()}
+
+
+def build_table(
+    runs: dict[str, dict[int, Path]],
+    *,
+    threshold: float = 0.5,
+    window: int = 3,
+    confidence: float = DEFAULT_CONFIDENCE,
+    convergence_share: float = DEFAULT_CONVERGENCE_SHARE,
+    reference: str | None = None,
+) -> dict:
+    """The table as a JSON-ready dict (see the module docstring); only finished runs (``summary.json``) count."""
+    if not 0 < convergence_share <= 1:
+        raise ValueError(f"--convergence-share: expected a share in (0, 1], got {convergence_share}")
+    if reference is not None and reference not in runs:
+        raise ValueError(f"--reference {reference!r}: not one of the methods ({', '.join(runs)})")
+    if reference is None and runs:
+        reference = DEFAULT_REFERENCE if DEFAULT_REFERENCE in runs else next(iter(runs))
+    read = _read_runs(runs, threshold, window)
+    ref_finals = [v["held_out"] for v in read.per_method.get(reference, {}).values() if "held_out" in v]
+    ref_final = sum(ref_finals) / len(ref_finals) if ref_finals else None
+    target = None if ref_final is None else convergence_share * ref_final
+    _add_convergence(read, target)
+    pairable, unpaired = _pair_with_reference(read, reference)
+    columns = _columns(read.per_method, reference, threshold, convergence_share)
+    all_values = [v for seeds in read.per_method.values() for v in seeds.values()]
+    paired = paired_measures(
+        read.per_method, reference, pairable, [*PAIRED_MEASURES, *_pass_k_keys(all_values)]
+    )
+    rows = _method_rows(read, columns, reference, paired, confidence)
+    _mark_best(rows, columns)
     return {
         "columns": [
             {"key": c.key, "label": c.label, "higher_is_better": c.higher_is_better, "benchmark": c.benchmark}
             for c in columns
         ],
         "rows": rows,
-        "initial": {
-            "method": INITIAL_ROW,
-            "seeds": sorted(initial),
-            "cells": initial_cells,
-            "per_seed": {str(seed): dict(values) for seed, values in sorted(initial.items())},
-        }
-        if initial_cells
-        else None,
-        "missing_runs": missing,
+        "initial": _initial_row(read.initial, confidence),
+        "missing_runs": read.missing,
         # Runs of different precision share the table only with a column that says so, and are never paired.
-        "precision": {"mixed": len(set(precision.values())) > 1, "unpaired": unpaired},
+        "precision": {"mixed": len(set(read.precision.values())) > 1, "unpaired": unpaired},
         "threshold": {"metric": "reward_mean", "value": threshold, "window": window},
         "convergence": {
             "metric": "eval_greedy_accuracy",
@@ -386,11 +447,16 @@ def build_table(
             "reference_seeds": len(ref_finals),
             "target": target,
         },
-        "bootstrap": {
-            "method": "percentile",
-            "resamples": resamples,
+        "paired": paired,
+        "aggregates": aggregates(read.per_method, reference),
+        "problem_level": problem_level(runs, reference, _paired_seeds(paired)),
+        "statistics": {
+            "interval": T_INTERVAL,
             "confidence": confidence,
-            "seed": bootstrap_seed,
+            "paired_test": f"sign-flip, exact over 2^n sign assignments up to n = {EXACT_SIGN_FLIP_MAX_N}",
+            "adjustment": "holm",
+            "alpha": ALPHA,
             "unit": "seed",
+            "collapse": COLLAPSE_RULE,
         },
     }

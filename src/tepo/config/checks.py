@@ -84,6 +84,8 @@ def validate(config: RunConfig) -> list[str]:
         or c.eval.pass_k_samples < 0
     ):
         errors.append(f"eval.pass_k_samples must be an int >= 0 (got {c.eval.pass_k_samples!r})")
+    if c.eval.seed is not None and (isinstance(c.eval.seed, bool) or not isinstance(c.eval.seed, int)):
+        errors.append(f"eval.seed must be an int or null (got {c.eval.seed!r})")
     if c.eval.batch_prompts is not None and c.eval.batch_prompts < 1:
         errors.append(f"eval.batch_prompts must be >= 1 or null (got {c.eval.batch_prompts})")
     if c.algorithm.max_resample_rounds and not c.algorithm.dynamic_sampling:

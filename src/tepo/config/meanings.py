@@ -98,6 +98,7 @@ MEANINGS: dict[str, str] = {
     # eval
     "eval.source": "held-out set: a benchmark name or a file; null: the training task's test split",
     "eval.size": "held-out problems",
+    "eval.seed": "draw of a procedural task's held-out problems; null: train.seed (tepo compare sets one for all runs)",
     "eval.samples": "sampled responses per problem for sampled accuracy (0: greedy only)",
     "eval.temperature": "temperature of those samples",
     "eval.every": "also evaluate every N steps (0: only before and after training)",

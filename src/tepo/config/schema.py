@@ -246,6 +246,10 @@ class EvalConfig:
         None  # None: the held-out split of the training task (test split of a procedural task)
     )
     size: int = 48
+    # The draw of a procedural task's held-out problems. None: train.seed, so runs of different seeds are scored on
+    # different problems; tepo compare sets one value for all its runs, so every paired difference is measured on the
+    # same problems. Training problems never include a held-out one (tepo.training.datasets).
+    seed: int | None = None
     samples: int = 1  # sampled completions per problem for sampled accuracy (0: greedy only)
     temperature: float = 1.0
     every: int = 0  # also evaluate every N steps (0: only before and after training)

@@ -50,7 +50,9 @@ def _cmd_compare(args) -> int:
         methods, seeds = parse_methods(args.losses), parse_seeds(args.seeds)
         directory = Path(args.dir) if args.dir else Path("comparisons") / "_vs_".join(methods)
         overrides = [*args.overrides, *([f"train.device={args.device}"] if args.device else [])]
-        plan = plan_comparison(directory, methods, seeds, config=args.config, overrides=overrides)
+        plan = plan_comparison(
+            directory, methods, seeds, config=args.config, overrides=overrides, eval_seed=args.eval_seed
+        )
         print(f"comparison: {len(methods)} methods x {len(seeds)} seeds -> {directory}")
         for note in plan.notes:
             print(f"note: {note}")
@@ -80,6 +82,15 @@ def _cmd_compare(args) -> int:
         result = build_report(directory, **table_options(args))
         print(f"report: {result.html_path}")
     return 0
+
+
+def _eval_seed(text: str) -> int | None:
+    if text.strip().lower() in ("none", "null"):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}") from None
 
 
 def table_options(args) -> dict:
@@ -132,6 +143,13 @@ def register(subparsers) -> None:
     )
     p.add_argument("--seeds", default="3", help="number of seeds (3 -> 0,1,2) or a comma list (default 3)")
     p.add_argument("--config", help="base preset or YAML for every run (default: compare_default)")
+    p.add_argument(
+        "--eval-seed",
+        type=_eval_seed,
+        default=0,
+        help="the held-out draw every run is scored on (eval.seed; default 0), so paired differences are measured "
+        "on the same problems; 'none' keeps the base config's (null: each run's train.seed)",
+    )
     p.add_argument("--dir", help="comparison directory (default: comparisons/<loss1>_vs_<loss2>...)")
     p.add_argument(
         "--device",

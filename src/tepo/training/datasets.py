@@ -7,6 +7,11 @@ from tepo.data import PROCEDURAL_TASKS, Problem, load_problems
 from tepo.evaluate.benchmarks import benchmark_names, resolve_benchmark
 
 
+def held_out_seed(config: RunConfig) -> int:
+    """The seed of a procedural task's held-out draw: ``eval.seed``, else ``train.seed``."""
+    return config.train.seed if config.eval.seed is None else config.eval.seed
+
+
 def load_datasets(config: RunConfig) -> tuple[list[Problem], list[Problem]]:
     """``(train, held_out)``: the held-out set is ``eval.source`` (a benchmark name or a file), else the test split
     of a procedural task, else the last ``eval.size`` training problems."""
@@ -33,7 +38,11 @@ def load_datasets(config: RunConfig) -> tuple[list[Problem], list[Problem]]:
             limit=config.eval.size,
         )
     elif d.source in PROCEDURAL_TASKS:
-        held_out = load_problems(d.source, split="test", limit=config.eval.size, seed=config.train.seed)
+        held_out = load_problems(d.source, split="test", limit=config.eval.size, seed=held_out_seed(config))
+        # The training stream already avoids its own seed's test stream; a held-out set of another seed, or one
+        # larger than that stream's excluded prefix, is kept out here, so no held-out problem is trained on.
+        held_texts = {p.problem for p in held_out}
+        train = [p for p in train if p.problem not in held_texts]
     else:
         if len(train) <= config.eval.size:
             raise ConfigError(

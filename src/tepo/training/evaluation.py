@@ -13,12 +13,14 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from tepo.config import RunConfig
 from tepo.data import Problem
 from tepo.evaluate import accuracy, score_problems
 from tepo.evaluate.benchmarks import benchmark_names
 from tepo.evaluate.core import engine_batch_prompts
+from tepo.evaluate.records import problem_records, write_problem_records
 from tepo.evaluate.settings import BENCHMARK_INSTRUCTION, DEFAULT_ANSWER_FORMAT
 from tepo.passk import mean_cons_at_k, mean_pass_at_k
 
@@ -40,11 +42,19 @@ def pass_k_values(n: int) -> list[int]:
 
 
 def evaluate_held_out(
-    rollout, tokenizer, problems: Sequence[Problem], pool, config: RunConfig, *, pass_k: bool = False
+    rollout,
+    tokenizer,
+    problems: Sequence[Problem],
+    pool,
+    config: RunConfig,
+    *,
+    pass_k: bool = False,
+    records_path: Path | None = None,
 ) -> dict:
     """``eval_greedy_accuracy``, ``eval_sampled_accuracy`` (``eval_sampled_cons``) and ``eval_seconds`` on
     ``problems``, with a bar; with ``pass_k`` and ``eval.pass_k_samples = n > 0`` also ``eval_pass@k`` for
-    :func:`pass_k_values` (n) (the initial and the trained policy's evaluations ask for it)."""
+    :func:`pass_k_values` (n) (the initial and the trained policy's evaluations ask for it). ``records_path``:
+    where each problem's outcome is written (``tepo.evaluate.records``)."""
     from tqdm.auto import tqdm
 
     e, r = config.eval, config.rollout
@@ -62,7 +72,7 @@ def evaluate_held_out(
         # Seeded apart from the sampled pass (20_000 + seed), so turning pass@k on changes no other number.
         sampling = {"num_samples": e.pass_k_samples, "temperature": e.temperature, "top_p": r.top_p}
         passes.append(("pass_k", sampling | {"seed": 20_000 + config.train.seed}))
-    out = {}
+    out, by_pass = {}, {}
     start = time.perf_counter()
     with tqdm(
         total=len(problems) * len(passes),
@@ -86,6 +96,7 @@ def evaluate_held_out(
                 or engine_batch_prompts(rollout, kwargs.get("num_samples", 1), default=16),
                 on_batch=lambda chunk: bar.update(len(chunk)),
             )
+            by_pass[name] = results
             if name == "pass_k":
                 correct = [sum(v.status == "correct" for v in r.verdicts) for r in results]
                 for k in pass_k_values(e.pass_k_samples):
@@ -98,6 +109,8 @@ def evaluate_held_out(
                     [(r.votes, [v.status == "correct" for v in r.verdicts]) for r in results], e.samples
                 )
     out["eval_seconds"] = time.perf_counter() - start
+    if records_path is not None:
+        write_problem_records(records_path, problem_records(problems, by_pass))
     return out
 
 

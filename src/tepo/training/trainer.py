@@ -39,6 +39,7 @@ from tepo.checkpoint import (
 )
 from tepo.config import ConfigError, RunConfig, config_warnings
 from tepo.data import PromptStream
+from tepo.evaluate.records import AFTER, BEFORE, records_path
 from tepo.metrics import MetricsLog, truncate_metrics
 from tepo.precision import RunPrecision, resolve_run_precision
 from tepo.rewards import MathRewardPool, user_reward_functions
@@ -383,10 +384,17 @@ class Trainer:
             collected.metrics["time/rollout_stage_seconds"] = copy_seconds
         return collected
 
-    def evaluate(self, pool, *, pass_k: bool = False) -> dict:
-        """Held-out scores; ``pass_k``: with pass@k too (the initial and the trained policy's, not the others)."""
+    def evaluate(self, pool, label: str, *, pass_k: bool = False) -> dict:
+        """Held-out scores, each problem's outcome written to ``held_out/<label>.jsonl``; ``pass_k``: with pass@k
+        too (the initial and the trained policy's, not the others)."""
         return evaluate_held_out(
-            self.rollout, self.tokenizer, self.eval_problems, pool, self.config, pass_k=pass_k
+            self.rollout,
+            self.tokenizer,
+            self.eval_problems,
+            pool,
+            self.config,
+            pass_k=pass_k,
+            records_path=records_path(self.run_dir, label),
         )
 
     def run(self) -> TrainResult:
@@ -417,7 +425,7 @@ class Trainer:
                 if self.eval_problems:
                     self.log("evaluating the trained policy")
                 self._doing = "the trained policy's held-out evaluation"
-                after = self.evaluate(pool, pass_k=True)
+                after = self.evaluate(pool, AFTER, pass_k=True)
         except RolloutError as err:
             # The step's row was not logged and no checkpoint was written for it: `--resume` redoes that step.
             raise err.add_context(self._doing) from None
@@ -442,7 +450,7 @@ class Trainer:
             if self._prefetch is not None:
                 self._prefetch.settle()  # the engine is needed for the evaluation
             self._doing = f"the held-out evaluation after step {self.step}"
-            row.update(evaluation_metrics(self.evaluate(pool)))
+            row.update(evaluation_metrics(self.evaluate(pool, f"step{self.step}")))
         row["update/bad_steps_in_row"] = self.bad_steps_in_row
         totals = self.reward_totals()
         row["reward/timeouts_total"] = totals["timeouts"]
@@ -477,7 +485,7 @@ class Trainer:
             return json.loads(before_path.read_text())
         if self.eval_problems:
             self.log(f"evaluating the initial policy on {len(self.eval_problems)} held-out problems")
-        before = self.evaluate(pool, pass_k=True)
+        before = self.evaluate(pool, BEFORE, pass_k=True)
         atomic_write_text(before_path, json.dumps(before))
         return before
 
