@@ -309,16 +309,16 @@ def test_the_vllm_server_gets_the_trainers_physical_gpu(monkeypatch):
 
 
 def test_tepo_compare_passes_the_device_to_every_run(monkeypatch, tmp_path):
-    import tepo.compare.runner
+    import tepo.compare.planning
     from tepo.cli import main
 
     seen = {}
 
-    def plan(directory, methods, seeds, *, config=None, overrides=()):
+    def plan(directory, methods, seeds, *, config=None, overrides=(), eval_seed=None):
         seen["overrides"] = list(overrides)
         raise ConfigError("planned")  # stop here: the plan's overrides are what every run is built from
 
-    monkeypatch.setattr(tepo.compare.runner, "plan_comparison", plan)
+    monkeypatch.setattr(tepo.compare.planning, "plan_comparison", plan)
     argv = ["compare", "--losses", "grpo,tepo", "--dir", str(tmp_path), "train.steps=2"]
     assert main([*argv, "--device", "cpu"]) == 2
     assert seen["overrides"] == ["train.steps=2", "train.device=cpu"]

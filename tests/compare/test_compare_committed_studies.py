@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tepo.compare.record import discover_runs
 from tepo.compare.render import render_markdown
-from tepo.compare.runner import discover_runs
 from tepo.compare.table import build_table
 from tepo.metrics import read_metrics
 from tepo.report.compare_cli import DEFAULT_THRESHOLD

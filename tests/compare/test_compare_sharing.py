@@ -6,20 +6,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tepo.compare.runner import (
-    _NOT_EVAL_KEYS,
-    _flat,
-    eval_sharing_key,
-    plan_comparison,
-    run_comparison,
-    run_state,
-)
+from tepo.compare.planning import flat_config, plan_comparison
+from tepo.compare.record import run_state
+from tepo.compare.runner import run_comparison
+from tepo.compare.sharing import _NOT_EVAL_KEYS, eval_sharing_key
 from tepo.config import RunConfig, load_config, save_config
 
 
 def test_not_eval_keys_are_real_config_keys():
     # A renamed key (train.keep_checkpoints -> train.keep_last) must not linger here unnoticed.
-    assert set(_flat(RunConfig())) >= _NOT_EVAL_KEYS
+    assert set(flat_config(RunConfig())) >= _NOT_EVAL_KEYS
     assert {
         "train.keep_last",
         "train.save_final",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tepo.compare.runner import method_overrides, parse_methods
+from tepo.compare.planning import method_overrides, parse_methods
 from tepo.config import ConfigError, list_presets, load_config, validate
 
 NEW = ["sapo", "luspo", "dppo_tv", "dppo_kl", "vespo", "tepo_token", "gspo_token"]

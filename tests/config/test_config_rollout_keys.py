@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tepo.compare.runner import _config_differences, plan_comparison, run_comparison
+from tepo.compare.planning import plan_comparison
+from tepo.compare.runner import _config_differences, run_comparison
 from tepo.config import (
     RENAMED_KEYS,
     ConfigError,
@@ -228,6 +229,7 @@ def test_the_committed_study_runs_load_and_match_their_plan(plan_file, monkeypat
             config=saved_plan["base_config"],
             overrides=saved_plan["overrides"],
             check_prompts=False,
+            eval_seed=None,  # these studies scored each seed on its own held-out draw (--eval-seed none)
         ).runs
         path = spec.run_dir / "config.yaml"
         if not path.exists():

@@ -174,7 +174,7 @@ def test_results_table_shows_cons_at_n():
 def test_compare_table_shows_cons_column_only_when_logged(tmp_path):
     import json
 
-    from tepo.compare.runner import discover_runs
+    from tepo.compare.record import discover_runs
     from tepo.compare.table import build_table
 
     def run(path, cons):

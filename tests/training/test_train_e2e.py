@@ -74,6 +74,15 @@ def test_two_steps_train_log_and_change_parameters(tmp_path, embedded_model_dir)
     summary = json.loads((run / "summary.json").read_text())
     for phase in ("before", "after"):
         assert 0.0 <= summary[phase]["eval_greedy_accuracy"] <= 1.0
+        # Each held-out problem's outcome is on disk (tepo.evaluate.records), and they add up to the score.
+        records = [
+            json.loads(line) for line in (run / "held_out" / f"{phase}.jsonl").read_text().splitlines()
+        ]
+        assert len(records) == config.eval.size and len({r["key"] for r in records}) == config.eval.size
+        assert (
+            sum(r["greedy_correct"] for r in records) / len(records) == summary[phase]["eval_greedy_accuracy"]
+        )
+        assert all(r["samples"] == config.eval.samples for r in records)
     # The run records the precision auto resolved to on this machine (tepo.precision): in the summary, in
     # precision.json, and as config.yaml's values with the reason above them.
     from tepo.precision import native_bf16

@@ -87,6 +87,7 @@ from tepo.compare.measures import (
 )
 from tepo.compare.paired import ALPHA, PAIRED_MEASURES, aggregates, paired_measures
 from tepo.compare.problems import problem_level
+from tepo.compare.record import run_state
 from tepo.compare.render import (
     INITIAL_ROW,
     REACH_KEYS,
@@ -100,7 +101,6 @@ from tepo.compare.render import (
     table_rows,
     write_table,
 )
-from tepo.compare.runner import run_state
 from tepo.compare.stats import DEFAULT_CONFIDENCE, EXACT_SIGN_FLIP_MAX_N, T_INTERVAL, t_interval
 from tepo.metrics import read_metrics
 

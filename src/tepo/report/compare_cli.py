@@ -18,14 +18,10 @@ DEFAULT_THRESHOLD = 0.3  # batch reward; the default task starts near 0.05 (see 
 
 
 def _cmd_compare(args) -> int:
+    from tepo.compare.planning import parse_methods, parse_seeds, plan_comparison
+    from tepo.compare.record import discover_runs
     from tepo.compare.render import render_markdown, render_terminal, select_columns, write_table
-    from tepo.compare.runner import (
-        discover_runs,
-        parse_methods,
-        parse_seeds,
-        plan_comparison,
-        run_comparison,
-    )
+    from tepo.compare.runner import run_comparison
     from tepo.compare.table import build_table
     from tepo.config import ConfigError
 

@@ -265,11 +265,11 @@ def _write(out_dir: Path, title: str, body: list[str], figures: list[Path], kind
 def finished_runs(runs: dict[str, dict[int, Path]]) -> tuple[dict[str, dict[int, Path]], list[str]]:
     """The runs the figures draw, and the ``method/seed<k>`` names of those left out.
 
-    Finished runs (:func:`tepo.compare.runner.run_state`, as the table counts them) only, so a seed-mean curve
+    Finished runs (:func:`tepo.compare.record.run_state`, as the table counts them) only, so a seed-mean curve
     and its "(3 seeds)" label never mix a half-trained run into finished ones. While nothing is finished yet (a
     comparison in progress), every run with a metrics log is drawn instead, and none is listed as left out.
     """
-    from tepo.compare.runner import run_state
+    from tepo.compare.record import run_state
 
     finished = {
         m: {s: d for s, d in seeds.items() if run_state(d) == "finished"} for m, seeds in runs.items()
@@ -294,8 +294,8 @@ def report_comparison(
     directory: Path, *, threshold: float = 0.3, window: int = 3, **table_options
 ) -> ReportResult:
     """``table_options``: ``convergence_share`` / ``reference`` of :func:`tepo.compare.table.build_table`."""
+    from tepo.compare.record import discover_runs, load_plan
     from tepo.compare.render import table_footer, write_table
-    from tepo.compare.runner import discover_runs, load_plan
     from tepo.compare.table import build_table
 
     directory = Path(directory)
@@ -402,7 +402,7 @@ def _fmt(value) -> str:
 def build_report(path: Path, *, threshold: float = 0.3, window: int = 3, **table_options) -> ReportResult:
     """Report for a run directory (``metrics.jsonl`` / ``config.yaml``) or a comparison directory
     (``table_options``: ``convergence_share``, ``reference``, passed to the comparison table)."""
-    from tepo.compare.runner import PLAN_FILE
+    from tepo.compare.record import PLAN_FILE
 
     path = Path(path)
     if not path.is_dir():
