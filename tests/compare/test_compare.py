@@ -11,10 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from tepo.compare.measures import steps_to_threshold
 from tepo.compare.planning import method_overrides, parse_methods, parse_seeds, plan_comparison
 from tepo.compare.record import discover_runs, run_state, write_plan
+from tepo.compare.render import render_markdown, render_terminal, write_table
 from tepo.compare.runner import run_comparison
-from tepo.compare.table import build_table, render_markdown, render_terminal, steps_to_threshold, write_table
+from tepo.compare.table import build_table
 from tepo.config import ConfigError, save_config
 from tepo.data import make_mixture_problems
 

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from tepo.compare.table import (
-    build_table,
+from tepo.compare.measures import (
     convergence,
     curve_auc,
     entropy_kept,
     grad_norm_mean,
     held_out_curve,
     max_drop,
-    render_markdown,
 )
+from tepo.compare.render import render_markdown
+from tepo.compare.table import build_table
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "compare" / "tiny"
 

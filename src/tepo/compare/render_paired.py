@@ -109,9 +109,11 @@ def render_statistics(table: dict, measures: Sequence[str] | None = None) -> str
             continue
         label = PAIRED_LABELS.get(measure, measure)
         headers, body = paired_rows(table, measure)
+        tested = sum(1 for c in paired[measure].values() if c.get("p") is not None)
+        family = f"Holm across the {tested} methods paired" if tested > 1 else "one method paired, Holm = sign-flip"
         text += (
-            f"\nPaired with {reference}: {label} (method - {reference}, by seed; Holm across the "
-            f"{len(body)} methods; 'higher'/'lower' only where Holm p < {alpha:g})\n\n"
+            f"\nPaired with {reference}: {label} (method - {reference}, by seed; {family}; 'higher'/'lower' only "
+            f"where Holm p < {alpha:g})\n\n"
             + format_table(headers, body)
             + "\n"
         )

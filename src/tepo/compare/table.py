@@ -1,5 +1,6 @@
 """The comparison table: one row per method, one column per benchmark plus their average, mean over seeds with a
-95% bootstrap interval, steps (and wall time) to a reward threshold, the best of each column marked.
+95% Student-t interval, steps (and wall time) to a reward threshold, the best of each column marked, and the
+paired tests against the reference method.
 
 Columns, from each run directory:
 
@@ -53,9 +54,14 @@ run-to-run variation. The reference is ``grpo`` when it is among the methods, el
 The Markdown table is followed by per-seed tables of the final held-out and sampled accuracies
 (:func:`per_seed_rows`; ``rows[i].per_seed`` in the JSON).
 
-Every value is the mean over seeds with the percentile bootstrap interval of ``tepo.compare.stats``. Higher is
-better for accuracies and reward, lower for steps and wall time; ``best`` marks the best mean of each column
-(ties all marked). An ``initial policy`` row gives the held-out accuracies before training.
+Every value is the mean over seeds with the Student-t interval of ``tepo.compare.stats``. Higher is better for
+accuracies and reward, lower for steps and wall time; ``best`` marks the best mean of each column (ties all
+marked). An ``initial policy`` row gives the held-out accuracies before training. ``collapsed`` counts the runs
+that meet :data:`tepo.compare.measures.COLLAPSE_RULE`.
+
+Beside the columns, ``paired`` holds each measure's paired differences with their tests and Holm's adjustment
+(:mod:`tepo.compare.paired`), ``aggregates`` rliable's IQM and probability of improvement, and ``problem_level``
+the problem-by-problem view of runs with per-problem records (:mod:`tepo.compare.problems`).
 """
 
 from __future__ import annotations
@@ -90,52 +96,9 @@ from tepo.compare.problems import problem_level
 from tepo.compare.record import run_state
 from tepo.compare.render import (
     INITIAL_ROW,
-    REACH_KEYS,
-    format_cell,
-    format_value,
-    per_seed_rows,
-    render_markdown,
-    render_terminal,
-    select_columns,
-    table_footer,
-    table_rows,
-    write_table,
 )
 from tepo.compare.stats import DEFAULT_CONFIDENCE, EXACT_SIGN_FLIP_MAX_N, T_INTERVAL, t_interval
 from tepo.metrics import read_metrics
-
-# What the table's callers import from here: the measures of one run (tepo.compare.measures) and the rendering
-# (tepo.compare.render) live beside it.
-__all__ = [
-    "DEFAULT_CONVERGENCE_SHARE",
-    "DEFAULT_REFERENCE",
-    "EVAL_BEFORE_FILE",
-    "INITIAL_ROW",
-    "REACH_KEYS",
-    "Column",
-    "RunValues",
-    "benchmark_scores",
-    "build_table",
-    "convergence",
-    "curve_auc",
-    "entropy_kept",
-    "format_cell",
-    "format_value",
-    "grad_norm_mean",
-    "held_out_curve",
-    "max_drop",
-    "per_seed_rows",
-    "render_markdown",
-    "render_terminal",
-    "run_machine",
-    "run_precision",
-    "run_values",
-    "select_columns",
-    "steps_to_threshold",
-    "table_footer",
-    "table_rows",
-    "write_table",
-]
 
 DEFAULT_CONVERGENCE_SHARE = 0.9
 DEFAULT_REFERENCE = "grpo"
