@@ -124,6 +124,11 @@ def test_tepo_value_and_algorithm1_gradient():
     assert metrics["seq_clip_frac_low"] == 0.0
     assert metrics["clip_frac_high"] == pytest.approx(1 / 6)
     assert metrics["seq_ratio_max"] == pytest.approx(E(0.5))
+    # The ratio distribution over the three rows (1.034, 0.882, 1.649): min, and linear-interpolated quantiles.
+    assert metrics["seq_ratio_min"] == pytest.approx(S[1])
+    assert metrics["seq_ratio_p50"] == pytest.approx(S[0], rel=1e-6)
+    assert metrics["seq_ratio_p10"] == pytest.approx(S[1] + 0.2 * (S[0] - S[1]), rel=1e-6)
+    assert metrics["seq_ratio_p90"] == pytest.approx(S[0] + 0.8 * (S[2] - S[0]), rel=1e-6)
 
 
 def test_tepo_clipped_low_with_negative_advantage():

@@ -109,6 +109,16 @@ def masked_max_value(values: torch.Tensor, valid: torch.Tensor, empty: float = 0
     return float(values.detach()[valid].max().item())
 
 
+def masked_quantile_value(values: torch.Tensor, valid: torch.Tensor, q: float, empty: float = 0.0) -> float:
+    """The ``q`` quantile (linear interpolation, ``torch.nanquantile``) of ``values`` over ``valid``; ``empty``
+    when nothing is valid. No boolean indexing, so it defers like the others."""
+    masked = torch.where(valid, values.detach().float(), float("nan"))
+    value = torch.nanquantile(masked, q)
+    if _DEFER.get():
+        return DeferredValue((value, valid.any()), lambda v: float(v[0]) if v[1] else empty)
+    return float(value.item()) if bool(valid.any()) else empty
+
+
 def check_eps(**eps: float) -> None:
     for name, value in eps.items():
         if not value >= 0:
@@ -176,6 +186,11 @@ def sequence_ratio_metrics(
         **clip_metrics(low, high, rows, prefix="seq_"),
         "seq_ratio_mean": masked_mean_value(seq_ratio, rows, empty=1.0),
         "seq_ratio_max": masked_max_value(seq_ratio, rows, empty=1.0),
+        # Where the ratios lie against the clip band [1 - eps_low, 1 + eps_high]: whether the clip can act at all.
+        "seq_ratio_min": masked_quantile_value(seq_ratio, rows, 0.0, empty=1.0),
+        "seq_ratio_p10": masked_quantile_value(seq_ratio, rows, 0.1, empty=1.0),
+        "seq_ratio_p50": masked_quantile_value(seq_ratio, rows, 0.5, empty=1.0),
+        "seq_ratio_p90": masked_quantile_value(seq_ratio, rows, 0.9, empty=1.0),
     }
 
 
