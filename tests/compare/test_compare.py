@@ -454,13 +454,13 @@ def test_real_comparison_tiny(tmp_path):
         "train.prompts_per_step=2",
         "rollout.group_size=4",
         "rollout.max_new_tokens=24",
-        "eval.size=3",
+        "eval.size=6",
         "eval.samples=1",
         "log.progress=false",
     ]
-    plan = plan_comparison(tmp_path, ["grpo", "tepo"], [0], overrides=overrides)
+    plan = plan_comparison(tmp_path, ["grpo", "tepo"], [0, 1], overrides=overrides)
     outcomes = run_comparison(plan)
-    assert [o.action for o in outcomes] == ["trained", "trained"]
+    assert [o.action for o in outcomes] == ["trained"] * 4
     rows = {
         m: [json.loads(x) for x in (tmp_path / m / "seed0" / "metrics.jsonl").read_text().splitlines()]
         for m in ("grpo", "tepo")
@@ -470,10 +470,29 @@ def test_real_comparison_tiny(tmp_path):
     assert rows["grpo"][0]["rollout/response_length_mean"] == rows["tepo"][0]["rollout/response_length_mean"]
     before = [json.loads((tmp_path / m / "seed0" / "eval_before.json").read_text()) for m in ("grpo", "tepo")]
     assert before[0] == before[1]
-    again = run_comparison(plan_comparison(tmp_path, ["grpo", "tepo"], [0], overrides=overrides))
-    assert [o.action for o in again] == ["reused", "reused"]
+    # One held-out draw for every run (eval.seed), each problem's outcome on disk, before and after training.
+    keys = {
+        (m, s, when): [
+            json.loads(x)["key"]
+            for x in (tmp_path / m / f"seed{s}" / "held_out" / f"{when}.jsonl").read_text().splitlines()
+        ]  # fmt: skip
+        for m in ("grpo", "tepo")
+        for s in (0, 1)
+        for when in ("before", "after")
+    }
+    assert len({tuple(v) for v in keys.values()}) == 1 and len(next(iter(keys.values()))) == 6
+    again = run_comparison(plan_comparison(tmp_path, ["grpo", "tepo"], [0, 1], overrides=overrides))
+    assert [o.action for o in again] == ["reused"] * 4
     table = build_table(discover_runs(tmp_path))
     assert {r["method"] for r in table["rows"]} == {"grpo", "tepo"}
+    view = table["problem_level"]["tepo"]
+    assert view["seeds"] == [0, 1] and view["problems"] == 6
+    assert view["only_method"] + view["only_reference"] + view["both"] + view["neither"] == 12
+    assert all(r["cells"]["collapsed"]["n"] == 2 for r in table["rows"])
+    text = render_markdown(table)
+    assert "Problem level" in text and "| collapsed |" in text.splitlines()[0].replace(
+        " collapsed ", "| collapsed |"
+    )
 
 
 # --------------------------------------------------------------------------------------------------------------
