@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tepo.data import Problem, build_prompt_ids
-from tepo.rewards import MathRewardPool, RewardResult, score_responses
+from tepo.rewards import RewardPool, RewardResult, score_responses
 
 
 @dataclass
@@ -48,7 +48,7 @@ def score_problems(
     backend,
     tokenizer,
     problems: Sequence[Problem],
-    pool: MathRewardPool,
+    pool: RewardPool,
     *,
     instruction: str,
     num_samples: int = 1,

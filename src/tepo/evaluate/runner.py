@@ -203,12 +203,12 @@ def evaluate_benchmarks(
 ) -> EvalReport:
     """Evaluate every task, resuming from ``output_dir/samples.jsonl``; ``EvalReport.results`` is ``results.json``.
 
-    ``backend`` is a rollout backend (``HFRollout``); ``pool`` a ``MathRewardPool`` (one with
+    ``backend`` is a rollout backend (``HFRollout``); ``pool`` a ``RewardPool`` (one with
     ``reward_workers`` workers and ``reward_timeout_s`` per item is started, and closed, when None).
     ``reward_functions``: the user's own (``tepo.rewards.UserRewardFunction``), scored beside math-verify's
     accuracy into each benchmark's ``rewards`` (a given ``pool`` must have loaded them).
     """
-    from tepo.rewards import MathRewardPool
+    from tepo.rewards import RewardPool
 
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise EvalError(f"batch size must be an integer >= 1 (or None: the engine's), got {batch_size!r}")
@@ -240,7 +240,7 @@ def evaluate_benchmarks(
             start = time.perf_counter()
             if todo and pool is None:
                 pool = stack.enter_context(
-                    MathRewardPool(
+                    RewardPool(
                         num_workers=reward_workers,
                         timeout_s=reward_timeout_s,
                         functions=[f.for_pool() for f in reward_functions],

@@ -1,6 +1,6 @@
 """Reward worker process: reads one JSON item per line on stdin, writes one JSON result per line on stdout.
 
-Started by ``MathRewardPool`` as ``python _worker.py`` (a fresh interpreter: no fork of a parent that may hold
+Started by ``RewardPool`` as ``python _worker.py`` (a fresh interpreter: no fork of a parent that may hold
 torch threads, and no re-import of the parent's ``__main__``). Only strings and plain results cross the pipe, as
 JSON; nothing is pickled or evaluated.
 

@@ -41,7 +41,7 @@ from tepo.config import ConfigError, RunConfig, config_warnings
 from tepo.data import PromptStream
 from tepo.metrics import MetricsLog, truncate_metrics
 from tepo.precision import RunPrecision, resolve_run_precision
-from tepo.rewards import MathRewardPool, user_reward_functions
+from tepo.rewards import RewardPool, user_reward_functions
 from tepo.rollout.base import RolloutBackend, RolloutError
 from tepo.training.collect import Collected
 from tepo.training.datasets import load_datasets
@@ -123,7 +123,7 @@ class Trainer:
         self.precision = precision.precision
         self.run_dir = Path(run_dir)
         self.log = log
-        self._pool: MathRewardPool | None = None
+        self._pool: RewardPool | None = None
         self._prefetch: RolloutPrefetch | None = None  # rollout.async_steps=1: the batch sampled ahead
         self._cpu_before_overlap: tuple | None = None
         self.setup(precision.warnings)
@@ -400,7 +400,7 @@ class Trainer:
         )
         progress = None
         try:
-            with MathRewardPool(
+            with RewardPool(
                 num_workers=c.reward.num_workers,
                 timeout_s=c.reward.timeout_s,
                 answer_format=c.reward.answer_format,
