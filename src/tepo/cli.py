@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     from tepo.config import ConfigError
     from tepo.data import DataError
     from tepo.models import ModelLoadError
+    from tepo.rewards import RewardFunctionsFailing
 
     parser = build_parser()
     # parse_known_args + re-adding key=value leftovers: `tepo train a=1 --data F b=2` works (argparse alone
@@ -196,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args)
-    except (ConfigError, DataError, ModelLoadError) as err:
+    except (ConfigError, DataError, ModelLoadError, RewardFunctionsFailing) as err:
         print(f"tepo: error: {err}", file=sys.stderr)
         return 2
     except Exception as err:

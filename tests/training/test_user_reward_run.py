@@ -5,6 +5,7 @@ trains two real steps with ``gdpo``, which gets each function's rewards as its o
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -103,3 +104,59 @@ def test_a_task_of_your_own_with_a_math_held_out_evaluation_gets_a_note(monkeypa
         "reward.functions=[{name: correctness}, {path: examples/word_count/reward.py, name: compute_score}]"
     )
     assert config_warnings(load_config(EXAMPLE, ["eval.size=4", with_correctness])) == []
+
+
+FAILING_LATER = """
+calls = 0
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    global calls
+    calls += 1
+    if calls > 6:  # step 1's 6 responses score; from step 2 on every call raises
+        raise ValueError("boom from my reward")
+    return float(len(solution_str) % 2)
+"""
+
+
+def test_a_reward_that_always_fails_stops_the_run_with_exit_2_and_a_resumable_checkpoint(
+    tmp_path, capsys, tiny_model_dir
+):
+    """Step 1 scores, then every call raises: the console has the exception's text at once, the failures file
+    its rows, and the run stops in step 2 with one message and exit 2; step 1's checkpoint is kept and the
+    run resumes from it once the function is fixed."""
+    reward = tmp_path / "my_reward.py"
+    reward.write_text(FAILING_LATER)
+    functions = f"reward.functions=[{{path: {reward}, name: compute_score}}]"
+    extra = [f"model.name={tiny_model_dir}", "eval.size=0", "train.steps=3", "train.run_name=r", functions]
+    code = main(["train", *small_run_overrides(tmp_path / "runs", *extra)])
+    captured = capsys.readouterr()
+    run_dir = tmp_path / "runs" / "r"
+    assert code == 2, captured.err
+    assert "warning: reward function 'compute_score' failed on response 0 in step 2" in captured.out
+    assert "raised ValueError: boom from my reward (my_reward.py line 9)" in captured.out
+    (error,) = [line for line in captured.err.splitlines() if line.startswith("tepo: error:")]
+    assert "'compute_score' failed on 6 of its 6 responses in step 2" in error
+    assert f"tepo train --resume {run_dir}" in error
+    rows = [json.loads(line) for line in (run_dir / "reward_failures.jsonl").read_text().splitlines()]
+    assert len(rows) == 6 and {r["step"] for r in rows} == {2}
+    assert "boom from my reward" in rows[0]["detail"]
+    assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1]
+    assert (run_dir / "checkpoints").is_dir() and (run_dir / "reward_worker_0.log").is_file()
+    # no math-verify counters where math-verify did not run
+    assert not any(key in read_metrics(run_dir / "metrics.jsonl")[0] for key in MATH_VERIFY_METRICS)
+
+    reward.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
+    )
+    assert main(["train", "--resume", str(run_dir)]) == 0
+    assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
+
+
+MATH_VERIFY_METRICS = (
+    "reward/errors",
+    "reward/timeouts",
+    "reward/no_answer",
+    "reward/timeouts_total",
+    "reward/parse_failures_total",
+)

@@ -95,6 +95,9 @@ MEANINGS: dict[str, str] = {
     "reward.overlong_penalty_factor": "largest overlong penalty, reached at the length limit",
     "reward.overlong_filter": "leave truncated responses out of the loss (DAPO's overlong filtering)",
     "reward.functions": "reward functions with weights, built-in names or {path, name} of your own",
+    "reward.stop_failure_share": (
+        "stop the run when one of your functions fails on this share of a step's responses (1: all; null: never)"
+    ),
     # eval
     "eval.source": "held-out set: a benchmark name or a file; null: the training task's test split",
     "eval.size": "held-out problems",

@@ -17,6 +17,7 @@ from .answers import (
     strip_trailer,
 )
 from .call_items import CALL_STATUSES
+from .failures import FAILURES_FILE, RewardFailures, RewardFunctionsFailing
 from .functions import (
     DEFAULT_REWARD_FUNCTIONS,
     REWARD_FUNCTIONS,
@@ -55,8 +56,11 @@ __all__ = [
     "DEFAULT_MAX_CHARS",
     "DEFAULT_REWARD_FUNCTIONS",
     "END_OF_TEXT_MARKERS",
+    "FAILURES_FILE",
     "REWARD_FUNCTIONS",
     "STATUSES",
+    "RewardFailures",
+    "RewardFunctionsFailing",
     "RewardFuture",
     "RewardPool",
     "RewardResult",

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .answers import ANSWER_FORMATS, DEFAULT_MAX_CHARS
 from .call_items import call_payloads, call_result
+from .failures import RewardFailures
 from .math_items import math_payloads, math_result
 from .results import RewardFuture, RewardResult
 from .sandbox import SandboxedPool, _Item
@@ -44,6 +45,8 @@ class RewardPool(SandboxedPool):
             worker at start-up (``path`` a ``.py`` file or a module name; ``submit_calls`` names a ``label``).
         log_dir: where each worker's stdout and stderr go (``reward_worker_<slot>.log``; a run directory);
             None: temporary files.
+        failures: where ``functions.score_responses`` reports the user's functions' failures (a console
+            warning, a file, a stop: ``failures.RewardFailures``); None: they only score 0 and are counted.
 
     Use as a context manager or call ``close()``. ``stats`` returns a snapshot of the cumulative counters.
     """
@@ -62,6 +65,7 @@ class RewardPool(SandboxedPool):
         startup_timeout_s: float = 60.0,
         functions: Sequence[Mapping[str, str]] = (),
         log_dir: str | Path | None = None,
+        failures: RewardFailures | None = None,
     ):
         if not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"RewardPool: num_workers must be an int >= 1, got {num_workers!r}")
@@ -73,6 +77,7 @@ class RewardPool(SandboxedPool):
             raise ValueError(f"RewardPool: max_chars must be an int >= 1, got {max_chars!r}")
         if not 0 < soft_fraction <= 1:
             raise ValueError(f"RewardPool: soft_fraction must be in (0, 1], got {soft_fraction!r}")
+        self.failures = failures
         self.answer_format = answer_format
         self.max_chars = max_chars
         self.function_labels = tuple(f["label"] for f in functions)
