@@ -74,9 +74,11 @@ def test_a_raising_function_warns_once_with_its_message_and_writes_every_failure
 
 def test_a_function_that_failed_on_its_whole_batch_stops_with_its_reason(tmp_path, reward_file):
     failures = RewardFailures(tmp_path / "f.jsonl", log=lambda _: None, resume_hint="resume it")
-    with _pool(reward_file, None, failures, "returns_text") as pool:
-        with pytest.raises(RewardFunctionsFailing) as caught:
-            score_responses(pool, ["returns_text"], TEXTS, PROBLEMS, 2, step=1)
+    with (
+        _pool(reward_file, None, failures, "returns_text") as pool,
+        pytest.raises(RewardFunctionsFailing) as caught,
+    ):
+        score_responses(pool, ["returns_text"], TEXTS, PROBLEMS, 2, step=1)
     message = str(caught.value)
     assert "'returns_text' failed on 4 of its 4 responses in step 1" in message
     assert "returned str, expected a number" in message and "f.jsonl" in message
