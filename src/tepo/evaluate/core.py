@@ -128,9 +128,11 @@ def score_problems(
     return results
 
 
-def _user_rewards(scored, labels: Sequence[str], row: int) -> dict[str, tuple[float, str]]:
+def _user_rewards(scored, labels: Sequence[str], row: int) -> dict[str, tuple[float, str, str]]:
+    """Per function, one response's value, status and (for a failure) its reason."""
     return {
-        label: (column[row], scored.statuses[label][row]) for label, column in zip(labels, scored.columns)
+        label: (column[row], scored.statuses[label][row], scored.details[label][row])
+        for label, column in zip(labels, scored.columns)
     }
 
 

@@ -183,6 +183,20 @@ def _progress_bar(task: BenchmarkTask, initial: int, enabled: bool):
     )
 
 
+def _reward_failures(output_dir: Path, log: Callable[[str], None]):
+    """The record of the user's reward functions' failures in an evaluation: a warning, the output folder's
+    failures file, and a stop (exit 2) on a batch where a function failed on every response."""
+    from tepo.rewards import FAILURES_FILE, RewardFailures
+
+    return RewardFailures(
+        output_dir / FAILURES_FILE,
+        log=log,
+        resume_hint="once it is fixed, run the command again with --overwrite (samples.jsonl holds the "
+        "responses it failed on, with the reason)",
+        defer_stop=True,
+    )
+
+
 def evaluate_benchmarks(
     backend,
     tokenizer,
@@ -244,6 +258,7 @@ def evaluate_benchmarks(
                         num_workers=reward_workers,
                         timeout_s=reward_timeout_s,
                         functions=[f.for_pool() for f in reward_functions],
+                        failures=_reward_failures(output_dir, log),
                     )
                 )
             bar = stack.enter_context(_progress_bar(task, len(done), progress))
@@ -282,6 +297,8 @@ def evaluate_benchmarks(
                     problem_record(task.name, i, result) for i, result in zip(indices, scored, strict=True)
                 ]
                 append_samples(samples_path, new)
+                if getattr(pool, "failures", None) is not None:
+                    pool.failures.raise_if_stopped()  # after the batch's records, its failures' reasons among them
                 for i, record in zip(indices, new):
                     done[i] = record
                     correct.append(record["num_correct"] / record["num_samples"])

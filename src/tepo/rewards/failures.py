@@ -44,6 +44,8 @@ class RewardFailures:
             ``RewardFunctionsFailing`` (None: never).
         log: where the one-line warnings go (default: stderr).
         resume_hint: a sentence added to the stop message (how to go on once the function is fixed).
+        defer_stop: keep the stop for ``raise_if_stopped`` instead of raising in ``record`` (an evaluation
+            writes the batch's records, failures and all, first).
     """
 
     def __init__(
@@ -53,11 +55,14 @@ class RewardFailures:
         stop_share: float | None = 1.0,
         log: Callable[[str], None] = _stderr,
         resume_hint: str = "",
+        defer_stop: bool = False,
     ):
         self.path = None if path is None else Path(path)
         self.stop_share = stop_share
         self.log = log
         self.resume_hint = resume_hint
+        self.defer_stop = defer_stop
+        self.stop: RewardFunctionsFailing | None = None
         self.warned: set[str] = set()
         self.failed: dict[str, int] = {}  # per function, responses that failed so far
 
@@ -79,6 +84,14 @@ class RewardFailures:
                 )
             self._write(label, failed, statuses, details, texts, step)
             self._check(label, failed, statuses, details, where)
+        if self.stop is not None and not self.defer_stop:
+            self.raise_if_stopped()
+
+    def raise_if_stopped(self) -> None:
+        """Raise the ``RewardFunctionsFailing`` a batch ran into, if one did."""
+        if self.stop is not None:
+            stop, self.stop = self.stop, None
+            raise stop
 
     def _see(self) -> str:
         return "" if self.path is None else f"; every failure: {self.path}"
@@ -111,7 +124,8 @@ class RewardFailures:
             f"Details{'' if self.path is None else ' in ' + str(self.path)}. Check the function with "
             "`tepo reward check FILE:NAME --data ROWS.jsonl`"
         )
-        raise RewardFunctionsFailing(message + (f"; {self.resume_hint}" if self.resume_hint else ""))
+        hint = f"; {self.resume_hint}" if self.resume_hint else ""
+        self.stop = self.stop or RewardFunctionsFailing(message + hint)
 
 
 def _reason(status: str, detail: str) -> str:

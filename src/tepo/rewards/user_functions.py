@@ -83,7 +83,14 @@ def load_function(path: str, name: str):
             ) from None
     function = getattr(module, name, None)
     if function is None:
-        raise RewardFunctionError(f"{path} has no function {name!r}")
+        found = sorted(
+            key
+            for key, value in vars(module).items()
+            if inspect.isfunction(value) and not key.startswith("_") and value.__module__ == module.__name__
+        )
+        raise RewardFunctionError(
+            f"{path} has no function {name!r} (its functions: {', '.join(found) or 'none'})"
+        )
     if not callable(function):
         raise RewardFunctionError(f"{path}: {name!r} is a {type(function).__name__}, not a function")
     return function
