@@ -4,6 +4,7 @@ tepo train [--config PRESET_OR_YAML] [key=value ...]     train (no arguments: th
 tepo train --resume RUN_DIR [key=value ...]              continue a run from its last intact checkpoint
 tepo losses, tepo estimators, tepo presets [--markdown]  what is registered (Markdown: the README's)
 tepo config show [PRESET_OR_YAML] [key=value ...]        the resolved configuration, every key explained
+tepo reward check FILE:NAME --data ROWS.jsonl            a reward function of your own on data rows, no model
 tepo env [--json] [--bench]                              versions, hardware, what tepo picks here
 """
 
@@ -170,7 +171,14 @@ def _register_optional(sub) -> None:
     """Commands that live in their own modules (eval, compare, report) register themselves here when present."""
     import importlib
 
-    for module in ("tepo.evaluate.cli", "tepo.report.compare_cli", "tepo.report.cli", "tepo.env_report"):
+    modules = (
+        "tepo.evaluate.cli",
+        "tepo.rewards.cli",
+        "tepo.report.compare_cli",
+        "tepo.report.cli",
+        "tepo.env_report",
+    )
+    for module in modules:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as err:
