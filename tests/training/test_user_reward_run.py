@@ -19,7 +19,7 @@ from tepo.config import load_config
 from tepo.metrics import read_metrics
 from tepo.training import train
 
-EXAMPLE = "examples/word_count/config.yaml"
+EXAMPLE = str(ROOT / "examples" / "word_count" / "config.yaml")
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_a_bad_reward_function_is_one_line_before_any_model_loads(
 def test_the_word_count_example_trains_with_gdpo_on_each_function(tmp_path, tiny_model_dir, monkeypatch):
     """Two steps of the example's config (tiny model, 2 prompts x 3 samples): the estimator is handed one
     column per function, equal to the rewards the step summed, and the log has each function's metrics."""
-    monkeypatch.chdir(ROOT)  # the example's paths are read from the repository root, as its README runs it
+    monkeypatch.chdir(tmp_path)  # the example's paths are read from its own folder, whatever the directory
     seen = []
     real = tepo.training.step.compute_advantages
 
