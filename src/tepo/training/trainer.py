@@ -45,7 +45,7 @@ from tepo.rewards import FAILURES_FILE, RewardFailures, RewardPool, user_reward_
 from tepo.rewards.functions import runs_math_verify
 from tepo.rollout.base import RolloutBackend, RolloutError
 from tepo.training.collect import Collected
-from tepo.training.datasets import load_datasets
+from tepo.training.datasets import held_out_note, load_datasets
 from tepo.training.evaluation import evaluate_held_out, evaluation_metrics
 from tepo.training.overlap import RolloutPrefetch, keep_off_engine_cores, restore_cores
 from tepo.training.parts import build_step_parts
@@ -140,6 +140,8 @@ class Trainer:
         for note in config_warnings(c):
             log(f"note: {note}")
         self.train_problems, self.eval_problems = load_datasets(c)
+        if (held_out := held_out_note(c, len(self.train_problems))) is not None:
+            log(f"note: {held_out}")
         torch.manual_seed(c.train.seed)
         if c.train.deterministic:  # before the model's first matmul (cuBLAS reads its workspace setting then)
             from tepo.training.determinism import make_deterministic
