@@ -114,3 +114,4 @@ def test_a_reward_that_fails_on_a_whole_batch_stops_the_evaluation_with_its_reas
         value, status, detail = record["responses"][0]["rewards"]["mine"]
         assert (value, status) == (0.0, "error") and "ValueError: boom from my reward" in detail
     assert (out / "reward_failures.jsonl").is_file()
+    assert "ValueError: boom from my reward" in (out / "reward_worker_0.log").read_text()  # the traceback

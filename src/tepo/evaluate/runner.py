@@ -35,6 +35,7 @@ from tepo.evaluate.metrics import benchmark_metrics
 from tepo.evaluate.samples import SAMPLES_FILE, append_samples, problem_record, read_samples
 from tepo.evaluate.settings import DEFAULT_PASS_K, EvalError, EvalSetting
 from tepo.files import atomic_write_text
+from tepo.rewards import FAILURES_FILE
 from tepo.rollout.base import RolloutError
 
 SETTINGS_FILE = "eval_settings.json"
@@ -104,7 +105,7 @@ def _prepare_output_dir(
     output_dir.mkdir(parents=True, exist_ok=True)
     settings_path = output_dir / SETTINGS_FILE
     if overwrite:
-        for name in (SAMPLES_FILE, RESULTS_FILE, SETTINGS_FILE):
+        for name in (SAMPLES_FILE, RESULTS_FILE, SETTINGS_FILE, FAILURES_FILE):
             (output_dir / name).unlink(missing_ok=True)
     saved = {"model": _model_identity(model_info), "benchmarks": {}}
     if settings_path.exists():
@@ -186,7 +187,7 @@ def _progress_bar(task: BenchmarkTask, initial: int, enabled: bool):
 def _reward_failures(output_dir: Path, log: Callable[[str], None]):
     """The record of the user's reward functions' failures in an evaluation: a warning, the output folder's
     failures file, and a stop (exit 2) on a batch where a function failed on every response."""
-    from tepo.rewards import FAILURES_FILE, RewardFailures
+    from tepo.rewards import RewardFailures
 
     return RewardFailures(
         output_dir / FAILURES_FILE,
@@ -258,6 +259,7 @@ def evaluate_benchmarks(
                         num_workers=reward_workers,
                         timeout_s=reward_timeout_s,
                         functions=[f.for_pool() for f in reward_functions],
+                        log_dir=output_dir,  # what the workers and the user's functions print
                         failures=_reward_failures(output_dir, log),
                     )
                 )
