@@ -203,3 +203,19 @@ def test_the_own_task_preset_trains_on_a_20_row_word_file_from_another_directory
     assert [row["step"] for row in metrics] == [1, 2]
     assert all(row["reward/compute_score_errors"] == 0 for row in metrics)
     assert not (run_dir / "reward_failures.jsonl").exists()
+
+
+def test_the_rows_held_out_of_a_data_file_are_stated_and_the_own_task_preset_holds_out_none(tmp_path):
+    from tepo.training.datasets import held_out_note, load_datasets
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"problem": f"p{i}", "answer": str(i)}) + "\n" for i in range(60)))
+    config = load_config("default", [f"data.source={rows}"])
+    train_rows, held_out = load_datasets(config)
+    assert (len(train_rows), len(held_out)) == (12, 48)
+    note = held_out_note(config, len(train_rows))
+    assert f"the last 48 of 60 problems of {rows} are held out of training" in note and "eval.size=0" in note
+    own = load_config("own_task", [f"data.source={rows}"])
+    assert own.data.instruction == "" and held_out_note(own, 60) is None
+    assert [len(part) for part in load_datasets(own)] == [60, 0]
+    assert held_out_note(load_config("default"), 1000) is None  # a procedural task has its own test split
