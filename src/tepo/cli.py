@@ -92,14 +92,8 @@ def _cmd_presets(args) -> int:
     return 0
 
 
-def _config_error(message: str):
-    from tepo.config import ConfigError
-
-    return ConfigError(message)
-
-
 def _cmd_config_show(args) -> int:
-    from tepo.config import load_config
+    from tepo.config import ConfigError, load_config
     from tepo.config.reference import show_config
 
     # The first item without "=" is the preset or YAML file (or --config names it); the rest are overrides, and
@@ -107,7 +101,7 @@ def _cmd_config_show(args) -> int:
     items = list(args.overrides)
     source = items.pop(0) if items and "=" not in items[0] else None
     if source is not None and args.config is not None:
-        raise _config_error(f"config show: give the configuration once, not both {source!r} and --config")
+        raise ConfigError(f"config show: give the configuration once, not both {source!r} and --config")
     source = source or args.config
     items = _flag_overrides(args, items)
     config = load_config(source, items)
