@@ -4,8 +4,8 @@ here passes there): each row's reward, or the failure and its reason, then a sum
 
 Each row is scored against one response: the matching line of ``--responses`` (a JSON string, or an object with
 a ``response`` or ``text`` field), else the row's reference answer itself (what a perfect response would say).
-The function gets what training gives it (``tepo.rewards.functions``: ``ground_truth`` the answer field,
-``data_source``, ``extra_info`` the row's other fields). Exit status: 0 when every call scored, 1 when some
+The function gets what training gives it (``ground_truth`` the answer field, ``data_source``, ``extra_info``
+the row's other fields; docs/rewards.md). Exit status: 0 when every call scored, 1 when some
 failed, 2 for a bad file or function.
 """
 
@@ -26,7 +26,7 @@ def register(subparsers) -> None:
     p = commands.add_parser(
         "check",
         help="score data rows with your reward function(s) in the sandboxed workers, no model",
-        description=__doc__.split("\n\n", 1)[1].replace("``", "`"),
+        description=__doc__.replace("``", "`"),
     )
     p.add_argument(
         "functions", nargs="+", metavar="[LABEL=]FILE:NAME", help="e.g. my_reward.py:compute_score"
