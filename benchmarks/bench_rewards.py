@@ -1,4 +1,4 @@
-"""Throughput of ``MathRewardPool``: items/s with 1 vs 2 workers, with and without one hostile item per batch.
+"""Throughput of ``RewardPool``: items/s with 1 vs 2 workers, with and without one hostile item per batch.
 
     .venv/bin/python benchmarks/bench_rewards.py [--batches 5] [--batch-size 256] [--timeout 5]
 
@@ -16,7 +16,7 @@ import random
 import statistics
 import time
 
-from tepo.rewards import MathRewardPool
+from tepo.rewards import RewardPool
 
 HOSTILE = "Therefore the answer is \\boxed{9^{9^{9^{9}}}}."
 
@@ -45,7 +45,7 @@ def make_batch(batch_size: int, seed: int) -> tuple[list[str], list[str]]:
 
 def measure(num_workers: int, hostile: bool, args) -> tuple[float, float]:
     t0 = time.perf_counter()
-    with MathRewardPool(num_workers=num_workers, timeout_s=args.timeout) as pool:
+    with RewardPool(num_workers=num_workers, timeout_s=args.timeout) as pool:
         startup = time.perf_counter() - t0
         rates = []
         for b in range(args.batches):

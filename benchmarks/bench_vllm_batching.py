@@ -45,7 +45,7 @@ def main(argv=None) -> None:
     from tepo.data import build_prompt_ids, load_problems
     from tepo.evaluate import score_problems
     from tepo.models import load_model_and_tokenizer
-    from tepo.rewards import MathRewardPool
+    from tepo.rewards import RewardPool
     from tepo.rollout.vllm import VLLMRollout
 
     data = Path(args.data_dir or os.environ.get("TEPO_DATA_DIR") or "") / "gsm8k"
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
     seconds: dict[int, list[float]] = {16: [], len(problems): []}
     with (
         VLLMRollout(model, tokenizer) as engine,
-        MathRewardPool(num_workers=2, timeout_s=10.0) as pool,
+        RewardPool(num_workers=2, timeout_s=10.0) as pool,
     ):
         engine.generate(prompts[:2], num_samples=1, max_new_tokens=8, greedy=True)
         for r in range(args.rounds):

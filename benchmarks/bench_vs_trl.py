@@ -6,7 +6,7 @@
 
 The workload (issue 8): the embedded model (SmolLM2-135M-Instruct, float32 master weights), procedural arithmetic
 prompts, 4 prompts x 8 samples, 64 new tokens, one optimizer update per rollout, temperature 1 / top-p 1 / top-k
-off, lr 2e-5, grad-norm clip 1, no KL term, the same math-verify reward (``tepo.rewards.MathRewardPool``, 2
+off, lr 2e-5, grad-norm clip 1, no KL term, the same math-verify reward (``tepo.rewards.RewardPool``, 2
 workers) on both sides, and the same loss: TEPO v1 = TRL's ``importance_sampling_level="sequence"`` with
 ``loss_type="dapo"`` (token-mean over the batch), eps 0.2. Both sides run at the precision tepo's ``auto``
 picks on this machine (``tepo.precision``): forward/backward under bf16 autocast with float32 weights where the
@@ -162,7 +162,7 @@ def our_overrides(workload: dict, tmp: str) -> list[str]:
 def _ours_worker(args, workload: dict) -> dict:
     from tepo.config import load_config
     from tepo.metrics import metric_name
-    from tepo.rewards import MathRewardPool
+    from tepo.rewards import RewardPool
     from tepo.training import Trainer
     from tepo.training.step import train_step
 
@@ -183,7 +183,7 @@ def _ours_worker(args, workload: dict) -> dict:
         rss_after_load = current_rss_mb()
         rows = []
         with (
-            MathRewardPool(num_workers=REWARD_WORKERS, timeout_s=config.reward.timeout_s) as pool,
+            RewardPool(num_workers=REWARD_WORKERS, timeout_s=config.reward.timeout_s) as pool,
             trainer.rollout,
         ):
             trainer.start_overlap(pool)  # rollout.async_steps=1 only
@@ -218,7 +218,7 @@ def _trl_worker(args, workload: dict) -> dict:
 
     from tepo.data import load_problems
     from tepo.models import load_model_and_tokenizer
-    from tepo.rewards import MathRewardPool
+    from tepo.rewards import RewardPool
 
     timers: dict[str, float] = {}
 
@@ -277,7 +277,7 @@ def _trl_worker(args, workload: dict) -> dict:
             for p in problems
         ]
     )
-    pool = MathRewardPool(num_workers=REWARD_WORKERS, timeout_s=5.0)
+    pool = RewardPool(num_workers=REWARD_WORKERS, timeout_s=5.0)
 
     def math_reward(completions, answer, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]

@@ -64,9 +64,9 @@ def load_gsm8k(source: str, limit: int | None):
 
 def make_reward(num_workers: int, timeout_s: float):
     """TRL reward function: 1.0 when math-verify accepts the completion's final answer, else 0.0."""
-    from tepo.rewards import MathRewardPool
+    from tepo.rewards import RewardPool
 
-    pool = MathRewardPool(num_workers=num_workers, timeout_s=timeout_s)
+    pool = RewardPool(num_workers=num_workers, timeout_s=timeout_s)
 
     def math_verify_reward(completions, answer, **kwargs):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]

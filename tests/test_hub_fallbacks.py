@@ -267,11 +267,11 @@ OMNI_MATH_SHAPES = [
 
 
 def test_omni_math_answer_shapes_through_the_verifier():
-    from tepo.rewards import MathRewardPool
+    from tepo.rewards import RewardPool
 
     golds = [gold for gold, _, _ in OMNI_MATH_SHAPES]
     responses = [f"So the answer is \\boxed{{{answer}}}." for _, answer, _ in OMNI_MATH_SHAPES]
-    with MathRewardPool(num_workers=1, timeout_s=20.0, answer_format="boxed") as pool:
+    with RewardPool(num_workers=1, timeout_s=20.0, answer_format="boxed") as pool:
         results = pool.score(responses, golds)
     got = [(gold, answer, r.status) for (gold, answer, _), r in zip(OMNI_MATH_SHAPES, results, strict=True)]
     assert got == OMNI_MATH_SHAPES

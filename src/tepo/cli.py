@@ -4,6 +4,7 @@ tepo train [--config PRESET_OR_YAML] [key=value ...]     train (no arguments: th
 tepo train --resume RUN_DIR [key=value ...]              continue a run from its last intact checkpoint
 tepo losses, tepo estimators, tepo presets [--markdown]  what is registered (Markdown: the README's)
 tepo config show [PRESET_OR_YAML] [key=value ...]        the resolved configuration, every key explained
+tepo reward check FILE:NAME --data ROWS.jsonl            a reward function of your own on data rows, no model
 tepo env [--json] [--bench]                              versions, hardware, what tepo picks here
 """
 
@@ -28,16 +29,7 @@ def _cmd_train(args) -> int:
             overrides.append("model.trust_remote_code=true")
         result = resume(Path(args.resume), overrides)
     else:
-        overrides = list(args.overrides)
-        if args.model:
-            overrides.append(f"model.name={args.model}")
-        if args.data:
-            overrides.append(f"data.source={args.data}")
-        if args.output_dir:
-            overrides.append(f"train.output_dir={args.output_dir}")
-        if args.trust_remote_code:
-            overrides.append("model.trust_remote_code=true")
-        config = load_config(args.config, overrides)
+        config = load_config(args.config, _flag_overrides(args, list(args.overrides)))
         result = train(config)
     rows = read_metrics(result.run_dir / "metrics.jsonl")
     before, after = result.summary.get("before", {}), result.summary.get("after", {})
@@ -56,6 +48,20 @@ def _cmd_train(args) -> int:
     print(training_summary_table(result.summary))
     print(f"\nrun directory: {result.run_dir}\nplot: {png}\nmetrics: {result.run_dir / 'metrics.jsonl'}")
     return 0
+
+
+def _flag_overrides(args, overrides: list[str]) -> list[str]:
+    """``overrides`` plus what ``train``'s flags (``--model``, ``--data``, ...) set, as ``key=value`` items."""
+    flags = (
+        ("model", "model.name"),
+        ("data", "data.source"),
+        ("output_dir", "train.output_dir"),
+    )
+    out = list(overrides)
+    out += [f"{key}={getattr(args, flag)}" for flag, key in flags if getattr(args, flag, None)]
+    if getattr(args, "trust_remote_code", False):
+        out.append("model.trust_remote_code=true")
+    return out
 
 
 def _quiet_transformers() -> None:
@@ -87,12 +93,17 @@ def _cmd_presets(args) -> int:
 
 
 def _cmd_config_show(args) -> int:
-    from tepo.config import load_config
+    from tepo.config import ConfigError, load_config
     from tepo.config.reference import show_config
 
-    # The first item without "=" is the preset or YAML file; the rest are overrides (as `tepo train` takes them).
+    # The first item without "=" is the preset or YAML file (or --config names it); the rest are overrides, and
+    # train's flags are read as `tepo train` reads them, so a train command shows by changing its verb.
     items = list(args.overrides)
     source = items.pop(0) if items and "=" not in items[0] else None
+    if source is not None and args.config is not None:
+        raise ConfigError(f"config show: give the configuration once, not both {source!r} and --config")
+    source = source or args.config
+    items = _flag_overrides(args, items)
     config = load_config(source, items)
     for note in getattr(config, "renamed_key_notes", []):
         print(f"note: {note}", file=sys.stderr)
@@ -151,12 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_config_command(sub) -> None:
-    """``tepo config show [PRESET_OR_YAML] [key=value ...]``."""
+    """``tepo config show [PRESET_OR_YAML] [key=value ...]``, with ``train``'s flags."""
     config = sub.add_parser("config", help="show the resolved configuration, every key with its meaning")
     show = config.add_subparsers(dest="config_command", required=True).add_parser(
         "show",
-        help="print a preset or YAML file, with overrides, as commented YAML (tepo train --config reads it)",
+        help="print a preset or YAML file, with overrides, as commented YAML (tepo train --config reads it); "
+        "takes train's --config, --model, --data, --output-dir, so `tepo config show ARGS` shows `tepo train ARGS`",
     )
+    show.add_argument("--config", help="preset name or YAML path (as train's --config)")
+    show.add_argument("--model", help="as train's --model")
+    show.add_argument("--data", help="as train's --data")
+    show.add_argument("--output-dir", help="as train's --output-dir")
+    show.add_argument("--trust-remote-code", action="store_true", help="as train's --trust-remote-code")
     show.add_argument(
         "overrides",
         nargs="*",
@@ -170,7 +187,14 @@ def _register_optional(sub) -> None:
     """Commands that live in their own modules (eval, compare, report) register themselves here when present."""
     import importlib
 
-    for module in ("tepo.evaluate.cli", "tepo.report.compare_cli", "tepo.report.cli", "tepo.env_report"):
+    modules = (
+        "tepo.evaluate.cli",
+        "tepo.rewards.cli",
+        "tepo.report.compare_cli",
+        "tepo.report.cli",
+        "tepo.env_report",
+    )
+    for module in modules:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as err:
@@ -184,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     from tepo.config import ConfigError
     from tepo.data import DataError
     from tepo.models import ModelLoadError
+    from tepo.rewards import RewardFunctionsFailing
 
     parser = build_parser()
     # parse_known_args + re-adding key=value leftovers: `tepo train a=1 --data F b=2` works (argparse alone
@@ -196,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
         return args.func(args)
-    except (ConfigError, DataError, ModelLoadError) as err:
+    except (ConfigError, DataError, ModelLoadError, RewardFunctionsFailing) as err:
         print(f"tepo: error: {err}", file=sys.stderr)
         return 2
     except Exception as err:

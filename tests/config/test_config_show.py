@@ -58,6 +58,8 @@ def test_every_key_is_printed_with_its_meaning_and_default(capsys):
             node = node[part]
         comment = f"{'  ' * depth}# {MEANINGS[key]} [default: {yaml_value(node)}]"
         index = lines.index(comment)  # ValueError names the key's missing comment
+        while lines[index + 1].startswith(f"{'  ' * depth}#   "):  # more about the key, under its meaning
+            index += 1
         assert re.fullmatch(rf"{'  ' * depth}{leaf}: .+", lines[index + 1]), (key, lines[index + 1])
     assert yaml.safe_load(text)["train"]["steps"] == 12
 
@@ -103,3 +105,22 @@ def test_train_help_points_to_config_show():
     parser = build_parser()
     train = parser._subparsers._group_actions[0].choices["train"]
     assert "tepo config show" in train.format_help()
+
+
+def test_config_show_takes_train_s_flags_so_a_train_command_previews_by_changing_its_verb(capsys):
+    args = ["--config", "grpo", "--model", "my/model", "--data", "rows.jsonl", "train.steps=3"]
+    assert main(["config", "show", *args]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["algorithm"]["loss"] == "grpo" and shown["model"]["name"] == "my/model"
+    assert shown["data"]["source"] == "rows.jsonl" and shown["train"]["steps"] == 3
+    assert main(["config", "show", "tepo", "--config", "grpo"]) == 2
+    assert "give the configuration once" in capsys.readouterr().err
+
+
+def test_reward_function_fields_and_the_loss_s_options_are_explained(capsys):
+    assert main(["config", "show", "algorithm.loss=grpo"]) == 0
+    out = capsys.readouterr().out
+    assert "#   each entry: {name: correctness or format, weight: W} for a built-in" in out
+    assert "label: its column and metrics' name" in out
+    (options,) = [line for line in out.splitlines() if "grpo's options and defaults" in line]
+    assert "eps_low: 0.2" in options and "agg: " in options

@@ -93,11 +93,11 @@ def test_mean_and_refusals():
 
 def test_answer_votes_group_equivalent_answers_with_math_verify():
     from tepo.evaluate.voting import answer_votes
-    from tepo.rewards import MathRewardPool
+    from tepo.rewards import RewardPool
 
     extracted = [["\\frac{1}{2}", "0.5", "3", None, "7", "1/2"], ["4", "4", "2"]]
     correct = [[False, False, False, False, True, False], [True, True, False]]
-    with MathRewardPool(num_workers=1, timeout_s=10.0) as pool:
+    with RewardPool(num_workers=1, timeout_s=10.0) as pool:
         votes = answer_votes(extracted, correct, pool)
     # 1/2, 0.5 and 1/2 are one wrong answer (class 1), 3 another (2), the correct 7 is class 0, None no vote.
     assert votes == [[1, 1, 2, None, 0, 1], [0, 0, 1]]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from tepo.rewards import MathRewardPool
+from tepo.rewards import RewardPool
 
 CASES = [
     # fractions, \frac vs /
@@ -59,7 +59,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def pool():
-    with MathRewardPool(num_workers=2, timeout_s=10.0, answer_format="boxed") as p:
+    with RewardPool(num_workers=2, timeout_s=10.0, answer_format="boxed") as p:
         yield p
 
 

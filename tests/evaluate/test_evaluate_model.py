@@ -14,7 +14,7 @@ import torch
 from tepo.data import build_prompt_ids
 from tepo.evaluate import BenchmarkTask, evaluate_benchmarks, resolve_benchmark
 from tepo.evaluate.settings import EvalSetting
-from tepo.rewards import MathRewardPool
+from tepo.rewards import RewardPool
 from tepo.rollout import HFRollout
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -31,7 +31,7 @@ EASY = [
 
 @pytest.fixture(scope="module")
 def pool():
-    with MathRewardPool(num_workers=2, timeout_s=10.0) as p:
+    with RewardPool(num_workers=2, timeout_s=10.0) as p:
         yield p
 
 

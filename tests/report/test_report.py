@@ -382,3 +382,17 @@ def test_token_and_sequence_clip_fractions_get_separate_panels():
     assert ("update/clip_frac_low", "clip fraction, tokens (low)") in zero
     assert ("update/seq_clip_frac_low", "clip fraction, sequences (low)") in zero
     assert ("update/approx_kl", "approx. KL old->new (k3)") in absent
+
+
+def test_training_curves_without_held_out_scores_draw_no_empty_legend(tmp_path):
+    """A run with eval.size=0 has no before/after points: no legend, so matplotlib has nothing to warn about."""
+    import warnings
+
+    from tepo.report.plots import plot_training_curves
+
+    rows = [{"step": s, "reward/mean": 0.1 * s} for s in (1, 2)]
+    marks = {"greedy acc. before": (0, None), "greedy acc. after": (2, None)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels found" is a UserWarning
+        png = plot_training_curves(rows, tmp_path / "curves.png", title="r", extra_points=marks)
+    assert Path(png).stat().st_size > 0

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from tepo.rewards import END_OF_TEXT_MARKERS, MathRewardPool, extract_final_answer
+from tepo.rewards import END_OF_TEXT_MARKERS, RewardPool, extract_final_answer
 from tepo.rewards.answers import DEFAULT_MAX_CHARS, strip_trailer, tail
-from tepo.rewards.pool import sanitize
+from tepo.rewards.math_items import sanitize
 
 N = DEFAULT_MAX_CHARS + 1  # one more than the window: before the fix, this much padding hid the answer
 
@@ -109,7 +109,7 @@ def test_stripping_is_linear_on_megabyte_trailers(hostile):
 def test_pool_scores_padded_answers_correct():
     bodies = ["Thus \\boxed{\\frac{1}{2}}", "The answer is 0.5"]
     responses = [b + t for b in bodies for t in TRAILERS.values()]
-    with MathRewardPool(num_workers=1, timeout_s=10.0) as pool:
+    with RewardPool(num_workers=1, timeout_s=10.0) as pool:
         results = pool.score(responses, ["\\frac{1}{2}"] * len(responses))
         wrong = pool.score(["\\boxed{3}" + TRAILERS["endoftext_repeated"]], ["\\frac{1}{2}"])
     names = [f"{i}:{t}" for i in range(len(bodies)) for t in TRAILERS]

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tepo.rewards import (
-    MathRewardPool,
+    RewardPool,
     RewardResult,
     extract_final_answer,
     math_equal,
@@ -23,7 +23,7 @@ SLACK_S = 0.5
 
 @pytest.fixture(scope="module")
 def pool():
-    with MathRewardPool(num_workers=2, timeout_s=TIMEOUT_S) as p:
+    with RewardPool(num_workers=2, timeout_s=TIMEOUT_S) as p:
         yield p
 
 
@@ -124,7 +124,7 @@ def test_basic_verdicts(pool):
 
 
 def test_boxed_format_pool_ignores_bare_numbers():
-    with MathRewardPool(num_workers=1, timeout_s=TIMEOUT_S, answer_format="boxed") as p:
+    with RewardPool(num_workers=1, timeout_s=TIMEOUT_S, answer_format="boxed") as p:
         a, b = p.score(["The answer is 15.", "\\boxed{15}"], ["15", "15"])
     assert (a.status, b.status) == ("no_answer", "correct")
 
@@ -242,7 +242,7 @@ def test_hard_deadline_kills_a_worker_that_cannot_be_interrupted(pool):
 
 def test_segfaulting_worker_scores_error_and_pool_continues():
     """A worker that dies on an item gets the item retried once on a fresh worker; a second death is "error"."""
-    with MathRewardPool(1, timeout_s=TIMEOUT_S) as p:
+    with RewardPool(1, timeout_s=TIMEOUT_S) as p:
         fut = p.submit([HANG], ["1"])
         killed = set()
         while len(killed) < 2:
@@ -269,7 +269,7 @@ def test_workers_dying_while_idle_are_replaced_without_losing_items(pool):
 
 def test_memory_bomb_hits_the_worker_limit_not_the_host():
     # Virtual size of a warmed-up worker is about 70 MB; 140 MB leaves room for normal items only.
-    with MathRewardPool(1, timeout_s=20.0, memory_limit_mb=140, max_chars=2_000_000) as p:
+    with RewardPool(1, timeout_s=20.0, memory_limit_mb=140, max_chars=2_000_000) as p:
         with open(f"/proc/{p.worker_pids()[0]}/limits") as f:
             limits = f.read()
         assert str(140 << 20) in next(line for line in limits.splitlines() if "address space" in line)
@@ -298,7 +298,7 @@ def test_results_keep_input_order_across_workers(pool):
 
 
 def test_stats_count_every_outcome():
-    with MathRewardPool(1, timeout_s=TIMEOUT_S) as p:
+    with RewardPool(1, timeout_s=TIMEOUT_S) as p:
         p.score(["\\boxed{1}", "\\boxed{2}", "nothing", "\\boxed{\\foo{}}", HANG], ["1", "3", "1", "1", "1"])
         s = p.stats
     assert (s.items, s.correct, s.wrong, s.no_answer, s.timeouts) == (5, 1, 2, 1, 1)
@@ -314,14 +314,14 @@ def test_bad_arguments_get_clear_errors(pool):
     with pytest.raises(ValueError, match="answer_format"):
         pool.submit(["a"], ["1"], answer_format="latex")
     with pytest.raises(ValueError, match="num_workers"):
-        MathRewardPool(num_workers=0)
+        RewardPool(num_workers=0)
     with pytest.raises(ValueError, match="timeout_s"):
-        MathRewardPool(timeout_s=0)
+        RewardPool(timeout_s=0)
     assert pool.score([], []) == []
 
 
 def test_close_fails_pending_and_rejects_new_work():
-    p = MathRewardPool(1, timeout_s=TIMEOUT_S)
+    p = RewardPool(1, timeout_s=TIMEOUT_S)
     fut = p.submit([HANG, HANG], ["1", "1"])
     p.close()
     with pytest.raises(RuntimeError, match="closed"):

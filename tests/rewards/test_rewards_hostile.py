@@ -10,7 +10,7 @@ import time
 import pytest
 
 from hostile_corpus import default_subset, hostile_corpus
-from tepo.rewards import MathRewardPool
+from tepo.rewards import RewardPool
 
 TIMEOUT_S = 1.0
 # A result may arrive a little after the deadline: the parent notices the overrun on its next wake-up and the
@@ -27,7 +27,7 @@ def _rss_mb() -> float:
 
 
 def _run_corpus(cases, marker_dir):
-    with MathRewardPool(num_workers=2, timeout_s=TIMEOUT_S) as pool:
+    with RewardPool(num_workers=2, timeout_s=TIMEOUT_S) as pool:
         warm = pool.score(["\\boxed{1}"] * 20, ["1"] * 20)
         assert all(r.status == "correct" for r in warm)
         gc.collect()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tepo.data import Problem
-from tepo.rewards import MathRewardPool, score_responses
+from tepo.rewards import RewardPool, score_responses
 from tepo.rewards.user_functions import RewardFunctionError, function_kind, load_function
 
 VERL_FILE = """
@@ -103,7 +103,7 @@ def pool(files):
     functions = [
         {"label": name, "path": str(files[form]), "name": name} for form in names for name in names[form]
     ]
-    with MathRewardPool(num_workers=2, timeout_s=TIMEOUT_S, functions=functions) as p:
+    with RewardPool(num_workers=2, timeout_s=TIMEOUT_S, functions=functions) as p:
         yield p
 
 

@@ -16,7 +16,7 @@ import torch
 from scripted_collect import ScriptedRollout, collect_scripted, problem_stream
 from tepo.advantages import compute_advantages
 from tepo.config import ConfigError, load_config
-from tepo.rewards import MathRewardPool, format_reward, parse_reward_functions, reward_columns
+from tepo.rewards import RewardPool, format_reward, parse_reward_functions, reward_columns
 
 F64 = torch.float64
 
@@ -223,7 +223,7 @@ def test_config_accepts_gdpo_with_two_functions_and_default_is_correctness():
 
 @pytest.fixture(scope="module")
 def pool():
-    with MathRewardPool(num_workers=1, timeout_s=10.0) as p:
+    with RewardPool(num_workers=1, timeout_s=10.0) as p:
         yield p
 
 

@@ -15,7 +15,7 @@ from tepo.config import load_config
 from tepo.data import Problem, PromptStream
 from tepo.losses.rollout_correction import rollout_correction_weights
 from tepo.metrics.names import in_group
-from tepo.rewards import MathRewardPool
+from tepo.rewards import RewardPool
 from tepo.rollout.hf import HFRollout
 from tepo.training.overlap import RolloutPrefetch
 from tepo.training.parts import StepParts, build_step_parts
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.model
 
 @pytest.fixture(scope="module")
 def pool():
-    with MathRewardPool(num_workers=1, timeout_s=10.0) as p:
+    with RewardPool(num_workers=1, timeout_s=10.0) as p:
         yield p
 
 

@@ -9,7 +9,7 @@ from tepo.config import load_config
 from tepo.evaluate.benchmarks import resolve_benchmark
 from tepo.evaluate.runner import BenchmarkTask, evaluate_benchmarks
 from tepo.evaluate.settings import make_setting
-from tepo.rewards import MathRewardPool
+from tepo.rewards import RewardPool
 from tepo.rollout.hf import HFRollout
 from tepo.training.evaluation import evaluate_held_out, held_out_protocol
 
@@ -36,7 +36,7 @@ def test_training_eval_on_a_benchmark_matches_tepo_eval(embedded_model, tmp_path
     )
     assert held_out_protocol(config)["answer_format"] == "boxed"
     problems = resolve_benchmark("math500")[:2]
-    with MathRewardPool(num_workers=1, timeout_s=10.0) as pool:
+    with RewardPool(num_workers=1, timeout_s=10.0) as pool:
         during_training = _Recorder(HFRollout(model, tokenizer))
         ours = evaluate_held_out(during_training, tokenizer, problems, pool, config)
         standalone = _Recorder(HFRollout(model, tokenizer))
@@ -71,7 +71,7 @@ def test_eval_batch_prompts_sets_prompts_per_generate_call(embedded_model, batch
     config = load_config("default", overrides)
     problems = resolve_benchmark("math500")[:3]
     recorder = _Recorder(HFRollout(model, tokenizer))
-    with MathRewardPool(num_workers=1, timeout_s=10.0) as pool:
+    with RewardPool(num_workers=1, timeout_s=10.0) as pool:
         evaluate_held_out(recorder, tokenizer, problems, pool, config)
     assert [len(prompts) for prompts, _, _ in recorder.calls] == expected_calls
 

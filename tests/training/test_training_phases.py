@@ -9,7 +9,7 @@ import torch
 
 from scripted_collect import ScriptedRollout, collect_scripted, problem_stream
 from tepo.batch import concat_rollouts, select_rollout_rows, trim_columns
-from tepo.rewards import MathRewardPool
+from tepo.rewards import RewardPool
 from tepo.rollout.base import RolloutBatch
 from tepo.training.collect import OverlongShaping
 from tepo.training.update import minibatch_rows
@@ -59,7 +59,7 @@ RIGHT, WRONG = r"\boxed{3}", r"\boxed{4}"
 
 @pytest.fixture(scope="module")
 def pool():
-    with MathRewardPool(num_workers=1, timeout_s=10.0) as p:
+    with RewardPool(num_workers=1, timeout_s=10.0) as p:
         yield p
 
 

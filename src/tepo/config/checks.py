@@ -165,6 +165,12 @@ def _reward_errors(c: RunConfig) -> list[str]:
         errors.append(
             f"reward.overlong_penalty_factor: must be a finite number >= 0, got {r.overlong_penalty_factor}"
         )
+    share = r.stop_failure_share
+    if share is not None and not 0 < share <= 1:
+        errors.append(
+            "reward.stop_failure_share: expected a share in (0, 1] of a step's responses (1: stop only when "
+            f"every call of a function failed) or null (never stop), got {share}"
+        )
     bad_functions = parse_reward_functions(r.functions)[1]
     # The user's own reward files are imported here, so a wrong path, name or signature is one line now, not
     # an error in every reward worker after the model has loaded.

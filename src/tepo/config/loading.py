@@ -1,7 +1,14 @@
 """Reading a run configuration: presets (``tepo/configs/*.yaml``, found by name) or YAML files by path, with
 ``base:`` inheritance, dotted ``key=value`` overrides parsed as YAML scalars, renamed keys mapped with one note,
 values coerced to the field types (every problem reported at once, one line each), then :func:`tepo.config.checks.validate`;
-and writing ``config.yaml`` atomically."""
+and writing ``config.yaml`` atomically.
+
+Paths in a YAML file (``base:``, ``data.source``, ``eval.source``, the ``path`` of ``reward.functions``) are read
+from that file's folder, so a config works from any working directory; a relative path found there is made
+absolute (a run's saved ``config.yaml`` then works from anywhere too). One that is not there is read from the
+working directory, as before tepo ran in the file's folder (verl reads its reward path so). A name that is not a
+path (a preset, a Hugging Face dataset, a benchmark, a module) is left as it is. Overrides on the command line
+are read from the working directory."""
 
 from __future__ import annotations
 
@@ -24,7 +31,8 @@ def list_presets() -> list[str]:
 
 
 def _read_yaml(source: str) -> tuple[dict, str]:
-    """A YAML file by path, or a preset by name (``tepo``, ``grpo``...)."""
+    """A YAML file by path, or a preset by name (``tepo``, ``grpo``...); and where it came from (the path, or
+    ``preset NAME``)."""
     path = Path(source)
     if path.is_file():
         where = str(path)
@@ -69,12 +77,64 @@ def _load_with_bases(source: str, notes: list[str], errors: list[str], seen: tup
     data, where = _read_yaml(source)
     base = data.pop("base", None)
     data = _renamed(data, notes, errors, where)
+    folder = None if where.startswith("preset ") else Path(source).parent
+    if folder is not None:
+        data = resolve_paths(data, folder)
     if base is None:
         return data, where
+    base = str(base)
+    if folder is not None and (folder / base).expanduser().is_file():
+        base = str((folder / base).expanduser().resolve())
     if base in seen:
         raise ConfigError(f"{where}: circular base {base!r}")
-    base_data, _ = _load_with_bases(str(base), notes, errors, (*seen, base))
+    try:
+        base_data, _ = _load_with_bases(base, notes, errors, (*seen, base))
+    except ConfigError as err:
+        if str(err).startswith(f"config {base!r}"):  # the base itself was not found: say who asked for it
+            looked = (
+                f" (looked in {folder.resolve()} and the working directory)" if folder is not None else ""
+            )
+            raise ConfigError(f"{where}: base {base!r}{looked}: {str(err).split(': ', 1)[1]}") from None
+        raise
     return _deep_merge(base_data, data), where
+
+
+_DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def resolve_paths(data: dict, folder: Path) -> dict:
+    """``data`` (one YAML file's sections) with its relative paths read from ``folder``, the file's (see the
+    module doc): made absolute where the path exists there, else left for the working directory."""
+    out = _copy_sections(data)
+
+    def from_folder(value, *, is_path) -> object:
+        if (
+            not isinstance(value, str)
+            or not value
+            or Path(value).expanduser().is_absolute()
+            or not is_path(value)
+        ):
+            return value
+        candidate = folder / value
+        return str(candidate.resolve()) if candidate.exists() else value
+
+    def data_file(value: str) -> bool:
+        return value.endswith(_DATA_FILE_SUFFIXES) or (folder / value).is_file()
+
+    for section in ("data", "eval"):
+        if isinstance(out.get(section), dict) and "source" in out[section]:
+            out[section]["source"] = from_folder(out[section]["source"], is_path=data_file)
+    functions = out.get("reward", {}).get("functions") if isinstance(out.get("reward"), dict) else None
+    if isinstance(functions, list):
+        from tepo.rewards.user_functions import is_file_path
+
+        out["reward"]["functions"] = [
+            {**entry, "path": from_folder(entry["path"], is_path=is_file_path)}
+            if isinstance(entry, dict) and "path" in entry
+            else entry
+            for entry in functions
+        ]
+    return out
 
 
 def parse_overrides(overrides: list[str]) -> dict:

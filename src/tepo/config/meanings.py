@@ -27,7 +27,7 @@ MEANINGS: dict[str, str] = {
     "data.problem_field": "field of a data row that holds the problem text",
     "data.answer_field": "field of a data row that holds the reference answer",
     "data.limit": "train on the first N rows only; null: all",
-    "data.instruction": "text appended to every problem in the user turn",
+    "data.instruction": "text added after every problem in the user turn; empty: the problem text alone",
     # rollout
     "rollout.backend": "sampler: vllm (a vLLM server process), hf (transformers generate), or auto (vllm if installed)",
     "rollout.group_size": "samples per prompt (G)",
@@ -95,9 +95,15 @@ MEANINGS: dict[str, str] = {
     "reward.overlong_penalty_factor": "largest overlong penalty, reached at the length limit",
     "reward.overlong_filter": "leave truncated responses out of the loss (DAPO's overlong filtering)",
     "reward.functions": "reward functions with weights, built-in names or {path, name} of your own",
+    "reward.stop_failure_share": (
+        "stop the run when one of your functions fails on this share of a step's responses (1: all; null: never)"
+    ),
     # eval
-    "eval.source": "held-out set: a benchmark name or a file; null: the training task's test split",
-    "eval.size": "held-out problems",
+    "eval.source": (
+        "held-out set: a benchmark name or a file; null: a procedural task's test split, or the last eval.size "
+        "rows of data.source (left out of training)"
+    ),
+    "eval.size": "held-out problems, graded by math-verify (0: no held-out evaluation; train on every row)",
     "eval.seed": "draw of a procedural task's held-out problems; null: train.seed (tepo compare sets one for all runs)",
     "eval.samples": "sampled responses per problem for sampled accuracy (0: greedy only)",
     "eval.temperature": "temperature of those samples",

@@ -48,7 +48,7 @@ def show_config(config: RunConfig, *, title: str) -> str:
     lines = [
         f"# tepo configuration: {title}",
         "# Every key with its meaning and default. Save this, edit it, and train with",
-        "#   tepo train --config FILE.yaml [key=value ...]",
+        "#   .venv/bin/tepo train --config FILE.yaml [key=value ...]",
     ]
     written: set[str] = set()
     for key in config_keys():
@@ -61,8 +61,39 @@ def show_config(config: RunConfig, *, title: str) -> str:
                 lines.append(f"{'  ' * depth}{parents[depth]}:")
         indent = "  " * len(parents)
         lines.append(f"{indent}# {MEANINGS[key]} [default: {yaml_value(defaults[key])}]")
+        lines += [f"{indent}#   {line}" for line in _more_about(key, config)]
         lines.append(f"{indent}{leaf}: {yaml_value(values[key])}")
     return "\n".join(lines) + "\n"
+
+
+REWARD_FUNCTION_FIELDS = (
+    "each entry: {name: correctness or format, weight: W} for a built-in, or {path: FILE.py or package.module, "
+    "name: FUNCTION, weight: W, label: LABEL} for your own",
+    "path: read from this file's folder (else the working directory); name: the function in it (verl's "
+    "compute_score(data_source, solution_str, ground_truth, extra_info) or TRL's reward_func(prompts, "
+    "completions, **kwargs))",
+    "weight: its share of the summed reward (default 1); label: its column and metrics' name "
+    "(reward/<label>_mean; default: name)",
+)
+
+
+def _more_about(key: str, config: RunConfig) -> list[str]:
+    """Lines under a key's meaning where one line cannot say it: the fields of a reward.functions entry, and
+    the options the resolved loss takes."""
+    if key == "reward.functions":
+        return list(REWARD_FUNCTION_FIELDS)
+    if key == "algorithm.loss_options":
+        from tepo.losses import POLICY_LOSSES
+
+        spec = POLICY_LOSSES.get(config.algorithm.loss)
+        if spec is None:
+            return []
+        options = ", ".join(
+            [f"{name}: {yaml_value(value)}" for name, value in spec.defaults.items()]
+            + [f"agg: {spec.default_agg}"]
+        )
+        return [f"{spec.name}'s options and defaults: {{{options}}} (tepo losses lists every loss's)"]
+    return []
 
 
 def _flat(tree: dict) -> dict:

@@ -238,6 +238,9 @@ class RewardConfig:
     # docs/rewards.md). E.g. [{name: correctness, weight: 1.0}, {path: my_rewards.py, name: compute_score,
     # weight: 0.5}].
     functions: list = field(default_factory=lambda: [{"name": "correctness", "weight": 1.0}])
+    # Stop the run when one of your own reward functions fails (raises, returns no number, times out) on at
+    # least this share of its responses in one step (1: only when every call failed; null: never stop).
+    stop_failure_share: float | None = 1.0
 
 
 @dataclass

@@ -144,10 +144,11 @@ def register(subparsers) -> None:
     p.add_argument(
         "--reward-function",
         action="append",
-        metavar="PATH:NAME",
+        metavar="[LABEL=]PATH:NAME",
         help="a reward function of your own (a .py file or a module, and the function's name; verl's "
         "compute_score or TRL's reward_func form, as in reward.functions), scored beside math-verify's "
-        "accuracy into each benchmark's rewards.<NAME> (mean, errors, timeouts); repeatable",
+        "accuracy into each benchmark's rewards.<LABEL> (mean, errors, timeouts; LABEL defaults to NAME, "
+        "and tells apart two files' functions of one name: a=a.py:compute_score); repeatable",
     )
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda when available)")
     p.add_argument(
@@ -236,19 +237,26 @@ def build_tasks(args) -> list:
     return tasks
 
 
+_LABEL = re.compile(r"[A-Za-z0-9_.-]+")  # a label: no path separator, no colon
+
+
 def eval_reward_functions(specs: list[str] | None) -> list:
-    """``--reward-function PATH:NAME`` values as the user's reward functions, each loaded and checked here
-    (the checks of ``reward.functions``), before any model loads; EvalError with one line per problem."""
+    """``--reward-function [LABEL=]PATH:NAME`` values as the user's reward functions, each loaded and checked
+    here (the checks of ``reward.functions``), before any model loads; EvalError with one line per problem."""
     from tepo.rewards import parse_reward_functions, user_reward_function_errors, user_reward_functions
 
     entries = []
     for spec in specs or []:
-        path, sep, name = spec.rpartition(":")
+        label, has_label, rest = spec.partition("=")
+        if not has_label or not _LABEL.fullmatch(label):
+            label, rest = None, spec
+        path, sep, name = rest.rpartition(":")
         if not sep or not path or not name:
             raise EvalError(
-                f"--reward-function {spec!r}: expected PATH:NAME, e.g. my_rewards.py:compute_score"
+                f"--reward-function {spec!r}: expected [LABEL=]PATH:NAME, e.g. my_rewards.py:compute_score "
+                "or mine=my_rewards.py:compute_score"
             )
-        entries.append({"path": path, "name": name})
+        entries.append({"path": path, "name": name, **({"label": label} if label else {})})
     if not entries:
         return []
     errors = parse_reward_functions(entries)[1] or user_reward_function_errors(entries)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tepo.data import Problem, build_prompt_ids
-from tepo.rewards import MathRewardPool, RewardResult, score_responses
+from tepo.rewards import RewardPool, RewardResult, score_responses
 
 
 @dataclass
@@ -48,7 +48,7 @@ def score_problems(
     backend,
     tokenizer,
     problems: Sequence[Problem],
-    pool: MathRewardPool,
+    pool: RewardPool,
     *,
     instruction: str,
     num_samples: int = 1,
@@ -128,9 +128,11 @@ def score_problems(
     return results
 
 
-def _user_rewards(scored, labels: Sequence[str], row: int) -> dict[str, tuple[float, str]]:
+def _user_rewards(scored, labels: Sequence[str], row: int) -> dict[str, tuple[float, str, str]]:
+    """Per function, one response's value, status and (for a failure) its reason."""
     return {
-        label: (column[row], scored.statuses[label][row]) for label, column in zip(labels, scored.columns)
+        label: (column[row], scored.statuses[label][row], scored.details[label][row])
+        for label, column in zip(labels, scored.columns)
     }
 
 

@@ -69,10 +69,11 @@ def benchmark_metrics(records: Sequence[dict], *, greedy: bool, pass_k: Sequence
 
 
 def user_reward_metrics(responses: Sequence[dict]) -> dict:
-    """Per label of the responses' ``rewards`` (``[value, status]``): mean value, errors, timeouts, count."""
+    """Per label of the responses' ``rewards`` (``[value, status, detail]``; files written before the detail
+    was recorded hold ``[value, status]``): mean value, errors, timeouts, count."""
     by_label: dict[str, list] = {}
     for resp in responses:
-        for label, (value, status) in resp.get("rewards", {}).items():
+        for label, (value, status, *_) in resp.get("rewards", {}).items():
             by_label.setdefault(label, []).append((float(value), status))
     return {
         label: {

@@ -35,6 +35,7 @@ from tepo.evaluate.metrics import benchmark_metrics
 from tepo.evaluate.samples import SAMPLES_FILE, append_samples, problem_record, read_samples
 from tepo.evaluate.settings import DEFAULT_PASS_K, EvalError, EvalSetting
 from tepo.files import atomic_write_text
+from tepo.rewards import FAILURES_FILE
 from tepo.rollout.base import RolloutError
 
 SETTINGS_FILE = "eval_settings.json"
@@ -104,7 +105,7 @@ def _prepare_output_dir(
     output_dir.mkdir(parents=True, exist_ok=True)
     settings_path = output_dir / SETTINGS_FILE
     if overwrite:
-        for name in (SAMPLES_FILE, RESULTS_FILE, SETTINGS_FILE):
+        for name in (SAMPLES_FILE, RESULTS_FILE, SETTINGS_FILE, FAILURES_FILE):
             (output_dir / name).unlink(missing_ok=True)
     saved = {"model": _model_identity(model_info), "benchmarks": {}}
     if settings_path.exists():
@@ -183,6 +184,20 @@ def _progress_bar(task: BenchmarkTask, initial: int, enabled: bool):
     )
 
 
+def _reward_failures(output_dir: Path, log: Callable[[str], None]):
+    """The record of the user's reward functions' failures in an evaluation: a warning, the output folder's
+    failures file, and a stop (exit 2) on a batch where a function failed on every response."""
+    from tepo.rewards import RewardFailures
+
+    return RewardFailures(
+        output_dir / FAILURES_FILE,
+        log=log,
+        resume_hint="once it is fixed, run the command again with --overwrite (samples.jsonl holds the "
+        "responses it failed on, with the reason)",
+        defer_stop=True,
+    )
+
+
 def evaluate_benchmarks(
     backend,
     tokenizer,
@@ -203,12 +218,12 @@ def evaluate_benchmarks(
 ) -> EvalReport:
     """Evaluate every task, resuming from ``output_dir/samples.jsonl``; ``EvalReport.results`` is ``results.json``.
 
-    ``backend`` is a rollout backend (``HFRollout``); ``pool`` a ``MathRewardPool`` (one with
+    ``backend`` is a rollout backend (``HFRollout``); ``pool`` a ``RewardPool`` (one with
     ``reward_workers`` workers and ``reward_timeout_s`` per item is started, and closed, when None).
     ``reward_functions``: the user's own (``tepo.rewards.UserRewardFunction``), scored beside math-verify's
     accuracy into each benchmark's ``rewards`` (a given ``pool`` must have loaded them).
     """
-    from tepo.rewards import MathRewardPool
+    from tepo.rewards import RewardPool
 
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise EvalError(f"batch size must be an integer >= 1 (or None: the engine's), got {batch_size!r}")
@@ -240,10 +255,12 @@ def evaluate_benchmarks(
             start = time.perf_counter()
             if todo and pool is None:
                 pool = stack.enter_context(
-                    MathRewardPool(
+                    RewardPool(
                         num_workers=reward_workers,
                         timeout_s=reward_timeout_s,
                         functions=[f.for_pool() for f in reward_functions],
+                        log_dir=output_dir,  # what the workers and the user's functions print
+                        failures=_reward_failures(output_dir, log),
                     )
                 )
             bar = stack.enter_context(_progress_bar(task, len(done), progress))
@@ -282,6 +299,8 @@ def evaluate_benchmarks(
                     problem_record(task.name, i, result) for i, result in zip(indices, scored, strict=True)
                 ]
                 append_samples(samples_path, new)
+                if getattr(pool, "failures", None) is not None:
+                    pool.failures.raise_if_stopped()  # after the batch's records, its failures' reasons among them
                 for i, record in zip(indices, new):
                     done[i] = record
                     correct.append(record["num_correct"] / record["num_samples"])

@@ -34,7 +34,7 @@ def problem_record(benchmark: str, index: int, result: ProblemResult) -> dict:
             "truncated": bool(truncated),
             "detail": verdict.detail,
             "vote": vote,  # answer class for cons@k (tepo.evaluate.voting): 0 correct, None no answer
-            # the user's reward functions (tepo eval --reward-function): label -> [value, status]
+            # the user's reward functions (tepo eval --reward-function): label -> [value, status, why it failed]
             **({"rewards": {label: list(pair) for label, pair in rewards.items()}} if rewards else {}),
         }
         for text, verdict, length, truncated, vote, rewards in zip(

@@ -1,7 +1,7 @@
 """Answer classes for majority vote (cons@k): which sampled answers of a problem are the same answer.
 
 Two answers are the same vote when math-verify judges them equal, as it judges an answer against the gold one
-(``MathRewardPool`` with ``answer_format="raw"``: the later answer is verified against the earlier as gold), so
+(``RewardPool`` with ``answer_format="raw"``: the later answer is verified against the earlier as gold), so
 ``\\frac{1}{2}`` and ``0.5`` vote together. Classes of one problem's ``n`` samples (``votes[i]``, an int, or None):
 
 - every sample judged correct is in class 0 (they all equal the gold answer);

@@ -67,11 +67,11 @@ def plot_training_curves(
         ax.set_title(label)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-    if extra_points:
+    points = {label: point for label, point in (extra_points or {}).items() if point[1] is not None}
+    if points:  # a run without a held-out evaluation has none: no legend then
         ax = axes.flat[0]
-        for label, (step, value) in extra_points.items():
-            if value is not None:
-                ax.scatter([step], [value], marker="*", s=120, zorder=5, label=label)
+        for label, (step, value) in points.items():
+            ax.scatter([step], [value], marker="*", s=120, zorder=5, label=label)
         ax.legend(fontsize=8, loc="lower right")
     if title:
         fig.suptitle(title)

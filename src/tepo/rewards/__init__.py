@@ -1,6 +1,7 @@
 """Verifiable rewards: math answers checked by math-verify in a pool of sandboxed worker processes.
 
-See ``pool.py`` for the safety design, ``answers.py`` for how the final answer is taken from a completion (and
+See ``pool.py`` for the pool (``sandbox.py`` its workers and the safety design, ``math_items.py`` and
+``call_items.py`` its two kinds of request), ``answers.py`` for how the final answer is taken from a completion (and
 the one list of answer-format names, ``ANSWER_FORMATS``), ``functions.py`` for the named reward functions of
 ``reward.functions`` (correctness, format, and the user's own by path: ``user_functions.py`` loads and calls
 them in the workers), and ``shaping.py`` for DAPO's overlong reward shaping.
@@ -15,6 +16,8 @@ from .answers import (
     extract_final_answer,
     strip_trailer,
 )
+from .call_items import CALL_STATUSES
+from .failures import FAILURES_FILE, RewardFailures, RewardFunctionsFailing
 from .functions import (
     DEFAULT_REWARD_FUNCTIONS,
     REWARD_FUNCTIONS,
@@ -27,7 +30,9 @@ from .functions import (
     user_reward_function_errors,
     user_reward_functions,
 )
-from .pool import CALL_STATUSES, STATUSES, MathRewardPool, RewardFuture, RewardResult, RewardStats
+from .math_items import STATUSES
+from .pool import RewardPool
+from .results import RewardFuture, RewardResult, RewardStats
 from .single import math_equal
 
 # The shaping functions need torch; the pool and extraction do not (a process that only verifies answers should not
@@ -51,10 +56,13 @@ __all__ = [
     "DEFAULT_MAX_CHARS",
     "DEFAULT_REWARD_FUNCTIONS",
     "END_OF_TEXT_MARKERS",
+    "FAILURES_FILE",
     "REWARD_FUNCTIONS",
     "STATUSES",
-    "MathRewardPool",
+    "RewardFailures",
+    "RewardFunctionsFailing",
     "RewardFuture",
+    "RewardPool",
     "RewardResult",
     "RewardStats",
     "ScoredResponses",

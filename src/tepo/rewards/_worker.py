@@ -1,6 +1,6 @@
 """Reward worker process: reads one JSON item per line on stdin, writes one JSON result per line on stdout.
 
-Started by ``MathRewardPool`` as ``python _worker.py`` (a fresh interpreter: no fork of a parent that may hold
+Started by ``RewardPool`` (``sandbox.py``) as ``python _worker.py`` (a fresh interpreter: no fork of a parent that may hold
 torch threads, and no re-import of the parent's ``__main__``). Only strings and plain results cross the pipe, as
 JSON; nothing is pickled or evaluated.
 
@@ -27,6 +27,7 @@ import resource
 import signal
 import sys
 import time
+import traceback
 
 if __package__:
     from . import answers, user_functions
@@ -73,10 +74,19 @@ def call_message(msg: dict, functions: dict) -> dict:
     try:
         if kind == "verl":
             return {"status": "scored", "value": user_functions.call_verl(function, msg["arguments"])}
-        values, element_errors = user_functions.call_trl(function, msg["arguments"])
-        return {"status": "scored", "values": values, "element_errors": element_errors}
+        values, element_errors, reason = user_functions.call_trl(function, msg["arguments"])
+        return {"status": "scored", "values": values, "element_errors": element_errors, "detail": reason}
     except user_functions.RewardFunctionError as err:
         return {"status": "error", "detail": str(err)}
+    except (MemoryError, RecursionError):
+        raise
+    except (
+        Exception
+    ) as err:  # the user's code raised: its type, message and line, and the traceback in the log
+        traceback.print_exc(file=sys.stderr)
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        where = f" ({os.path.basename(frame.filename)} line {frame.lineno})"
+        return {"status": "error", "detail": f"raised {type(err).__name__}: {str(err)[:300]}{where}"}
 
 
 def score_message(msg: dict, gold_cache: dict, functions: dict | None = None) -> dict:
@@ -126,6 +136,7 @@ def main() -> None:
     # Our protocol owns the real stdout; anything a library prints goes to stderr (a log file the parent keeps).
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
+    sys.stdout.reconfigure(line_buffering=True)  # a user's prints reach the log even if we are killed
     # Likewise the protocol owns stdin: a user's reward function that reads input gets an empty file instead.
     requests = os.fdopen(os.dup(0), "rb")
     null = os.open(os.devnull, os.O_RDONLY)

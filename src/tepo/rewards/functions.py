@@ -222,11 +222,12 @@ class ScoredResponses:
     """The rewards of a batch of responses: ``columns`` one list per function (``reward.functions`` order),
     one value per response; ``verdicts`` math-verify's (None when it was not run); per user function, each
     response's status (one of ``CALL_STATUSES``: ``"scored"``, or ``"error"`` / ``"timeout"`` that scored
-    0)."""
+    0) and, in ``details``, the reason of each failure (empty for ``"scored"``)."""
 
     columns: list[list[float]]
     verdicts: list | None = None
     statuses: dict[str, list[str]] = field(default_factory=dict)
+    details: dict[str, list[str]] = field(default_factory=dict)  # per user function, why each failure failed
 
     @property
     def errors(self) -> dict[str, int]:
@@ -245,10 +246,22 @@ def runs_math_verify(names: Sequence[str]) -> bool:
     return "correctness" in names or all(name in REWARD_FUNCTIONS for name in names)
 
 
-def score_responses(pool, names: Sequence[str], texts: Sequence[str], problems: Sequence, group_size: int):
+def score_responses(
+    pool,
+    names: Sequence[str],
+    texts: Sequence[str],
+    problems: Sequence,
+    group_size: int,
+    *,
+    step: int | None = None,
+):
     """Score ``texts`` (``group_size`` contiguous responses per problem of ``problems``) with every function
     of ``names`` (labels of ``parse_reward_functions``): math-verify and the user's functions all queued in
-    ``pool`` before any is waited for, so they run side by side in its workers."""
+    ``pool`` before any is waited for, so they run side by side in its workers.
+
+    The user's functions' failures go to ``pool.failures`` when the pool has a record
+    (``failures.RewardFailures``: a console warning, the failures file, and ``RewardFunctionsFailing`` when
+    a function failed too often in this batch); ``step`` names the training step in that record."""
     g = group_size
     math_future = None
     if runs_math_verify(names):
@@ -270,23 +283,30 @@ def score_responses(pool, names: Sequence[str], texts: Sequence[str], problems: 
             scored.columns += reward_columns([name], texts, correctness)
         else:
             future, width = calls[name]
-            column, statuses = _call_column(future.result(), width)
+            column, statuses, details = _call_column(future.result(), width)
             scored.columns.append(column)
             scored.statuses[name] = statuses
+            scored.details[name] = details
+    failures = getattr(pool, "failures", None)
+    if failures is not None:
+        failures.record(scored, texts, step)
     return scored
 
 
-def _call_column(results: Sequence, width: int) -> tuple[list[float], list[str]]:
-    """One value and one status per response from a user function's call results, each call scoring ``width``
-    responses (1 for a verl-form function, a group for a TRL-form one); a failed call costs all its ``width``
-    responses, a TRL element that is not a number its own."""
-    column, statuses = [], []
+def _call_column(results: Sequence, width: int) -> tuple[list[float], list[str], list[str]]:
+    """One value, one status and one failure reason per response from a user function's call results, each
+    call scoring ``width`` responses (1 for a verl-form function, a group for a TRL-form one); a failed call
+    costs all its ``width`` responses, a TRL element that is not a number its own."""
+    column, statuses, details = [], [], []
     for r in results:
         if r.status != "scored":
             column += [0.0] * width
             statuses += [r.status] * width
+            details += [r.detail or r.status] * width
             continue
         values = list(r.values) or [r.reward]  # a TRL-form call has its group's values
         column += values
-        statuses += ["error" if i in r.element_errors else "scored" for i in range(len(values))]
-    return column, statuses
+        failed = [i in r.element_errors for i in range(len(values))]
+        statuses += ["error" if bad else "scored" for bad in failed]
+        details += [(r.detail or "error") if bad else "" for bad in failed]
+    return column, statuses, details

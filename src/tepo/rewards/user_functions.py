@@ -83,7 +83,14 @@ def load_function(path: str, name: str):
             ) from None
     function = getattr(module, name, None)
     if function is None:
-        raise RewardFunctionError(f"{path} has no function {name!r}")
+        found = sorted(
+            key
+            for key, value in vars(module).items()
+            if inspect.isfunction(value) and not key.startswith("_") and value.__module__ == module.__name__
+        )
+        raise RewardFunctionError(
+            f"{path} has no function {name!r} (its functions: {', '.join(found) or 'none'})"
+        )
     if not callable(function):
         raise RewardFunctionError(f"{path}: {name!r} is a {type(function).__name__}, not a function")
     return function
@@ -158,20 +165,21 @@ def call_verl(function, arguments: dict) -> float:
     return as_score(function(**accepted_arguments(function, arguments)))
 
 
-def call_trl(function, arguments: dict) -> tuple[list[float], list[int]]:
-    """A batch's scores from a TRL-form function, one per completion, and the indices of the errors: an
-    element that is not a finite number scores 0 and is an error; ``None`` (TRL's "does not apply") scores 0
-    and is not."""
+def call_trl(function, arguments: dict) -> tuple[list[float], list[int], str]:
+    """A batch's scores from a TRL-form function, one per completion, the indices of the errors, and the first
+    error's reason in one line (empty without errors): an element that is not a finite number scores 0 and is
+    an error; ``None`` (TRL's "does not apply") scores 0 and is not."""
     values = function(**accepted_arguments(function, arguments))
     n = len(arguments["completions"])
     if not isinstance(values, list | tuple) or len(values) != n:
         got = f"{len(values)} values" if isinstance(values, list | tuple) else type(values).__name__
         raise RewardFunctionError(f"returned {got}, expected a list of {n} numbers (one per completion)")
-    scores, errors = [], []
+    scores, errors, reason = [], [], ""
     for i, value in enumerate(values):
         try:
             scores.append(0.0 if value is None else as_score(value))
-        except RewardFunctionError:
+        except RewardFunctionError as err:
             scores.append(0.0)
             errors.append(i)
-    return scores, errors
+            reason = reason or f"element {i} {err}"
+    return scores, errors, reason

@@ -85,6 +85,7 @@ def collect_rollouts(
     max_resample_rounds: int = 0,
     overlong: OverlongShaping | None = None,
     reward_functions: Sequence[tuple[str, float]] = (("correctness", 1.0),),
+    step: int | None = None,
 ) -> Collected:
     """Sample and score ``prompts`` prompts; with dynamic sampling, drop all-equal groups and refill.
 
@@ -105,7 +106,9 @@ def collect_rollouts(
     also logs ``reward/<name>_errors`` and ``reward/<name>_timeouts`` (responses that scored 0 for a failed
     call, over every round). When the functions are the user's own and exclude correctness, math-verify is not
     run and the weighted sum stands for correctness in ``reward_mean``, ``accuracy`` and dynamic sampling
-    (``tepo.rewards.functions``).
+    (``tepo.rewards.functions``); math-verify's counters (``reward/errors``, ``reward/timeouts``,
+    ``reward/no_answer``) are then not logged. ``step`` names the step in the record of the user's functions'
+    failures (``tepo.rewards.failures``).
     """
     names = [name for name, _ in reward_functions]
     weights = torch.tensor([float(w) for _, w in reward_functions], dtype=torch.float32)
@@ -117,14 +120,15 @@ def collect_rollouts(
     for round_index in range(rounds):
         problems = stream.take(prompts)
         batch = sample(rollout, tokenizer, problems, settings, seed + round_index)
-        scored = _score_round(pool, batch, problems, names, weights, g, overlong, stats)
+        scored = _score_round(pool, batch, problems, names, weights, g, overlong, stats, step)
         if first_rewards is None:
             first_rewards = scored.rewards
             for name, column in zip(names, scored.components.T):
                 stats[f"reward/{name}_mean"] = float(column.mean())
-        stats["reward/timeouts"] += scored.statuses.count("timeout")
-        stats["reward/errors"] += scored.statuses.count("error")
-        stats["reward/no_answer"] += scored.statuses.count("no_answer")
+        if scored.verified:  # math-verify's counters only where it ran
+            stats["reward/timeouts"] += scored.statuses.count("timeout")
+            stats["reward/errors"] += scored.statuses.count("error")
+            stats["reward/no_answer"] += scored.statuses.count("no_answer")
         for name, count in scored.function_errors.items():
             stats[f"reward/{name}_errors"] += count
             stats[f"reward/{name}_timeouts"] += scored.function_timeouts[name]
@@ -153,16 +157,17 @@ class _ScoredRound:
     statuses: list[str]
     function_errors: dict[str, int]
     function_timeouts: dict[str, int]
+    verified: bool = True  # math-verify scored the round (False: the user's functions alone)
 
 
 def _score_round(
-    pool, batch: RolloutBatch, problems, names, weights: Tensor, g: int, overlong, stats: dict
+    pool, batch: RolloutBatch, problems, names, weights: Tensor, g: int, overlong, stats: dict, step=None
 ) -> _ScoredRound:
     """Score one round's responses with every reward function (``tepo.rewards.functions.score_responses``) and
     weigh them (with the overlong penalty where shaping is on); adds the round's time and token counts to
     ``stats``."""
     start = time.perf_counter()
-    scored = score_responses(pool, names, batch.texts, problems, g)
+    scored = score_responses(pool, names, batch.texts, problems, g, step=step)
     stats["time/reward_seconds"] += time.perf_counter() - start
     stats["time/gen_seconds"] += batch.gen_seconds
     stats["rollout/gen_tokens"] += batch.num_generated_tokens
@@ -187,7 +192,15 @@ def _score_round(
         shaped = shaped + penalty
         stats["overlong_penalty_sum"] += float(penalty.sum())
         stats["overlong_penalty_rows"] += len(penalty)
-    return _ScoredRound(rewards, shaped, components, statuses, dict(scored.errors), dict(scored.timeouts))
+    return _ScoredRound(
+        rewards,
+        shaped,
+        components,
+        statuses,
+        dict(scored.errors),
+        dict(scored.timeouts),
+        verified=scored.verdicts is not None,
+    )
 
 
 @dataclass

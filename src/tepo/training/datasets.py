@@ -46,8 +46,20 @@ def load_datasets(config: RunConfig) -> tuple[list[Problem], list[Problem]]:
     else:
         if len(train) <= config.eval.size:
             raise ConfigError(
-                f"data.source has {len(train)} problems, too few to hold out eval.size={config.eval.size}; "
-                "set eval.source or a smaller eval.size"
+                f"data.source has {len(train)} problems, too few to hold out eval.size={config.eval.size} "
+                "(the last rows of the file when eval.source is null); set eval.size=0 (no held-out "
+                "evaluation, the own_task preset's), a smaller eval.size, or eval.source"
             )
         train, held_out = train[: -config.eval.size], train[-config.eval.size :]
     return train, held_out
+
+
+def held_out_note(config: RunConfig, num_train: int) -> str | None:
+    """The start-up line that says which rows of the training file are held out (None when none are)."""
+    source, size = config.eval.source, config.eval.size
+    if size == 0 or source or config.data.source in PROCEDURAL_TASKS:
+        return None
+    return (
+        f"the last {size} of {num_train + size} problems of {config.data.source} are held out of training and "
+        "graded by math-verify (eval.size; eval.size=0 trains on every row, eval.source names another set)"
+    )

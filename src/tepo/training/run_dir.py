@@ -16,6 +16,7 @@ from pathlib import Path
 from tepo.config import ConfigError, RunConfig, load_config, save_config
 from tepo.files import atomic_write_text
 from tepo.precision import PRECISION_FILE, Precision, resolve_run_precision
+from tepo.training.datasets import load_datasets
 from tepo.training.trainer import Trainer, TrainResult, run_device
 
 
@@ -37,6 +38,7 @@ def train(config: RunConfig, *, run_dir: Path | None = None, log=print) -> Train
     # hardware): a resumed run keeps it, wherever it resumes.
     precision = resolve_run_precision(config, device)
     config = precision.config
+    load_datasets(config)  # bad data stops here, before a run directory is made (the trainer loads it again)
     if run_dir is None:
         run_dir = make_run_dir(config)
         # A new run: write its config even over one left by a start that failed (bad data, a refused model),

@@ -55,6 +55,7 @@ def collect_step(parts: StepParts, pool, step: int) -> Collected:
         max_resample_rounds=s.max_resample_rounds,
         overlong=parts.overlong,
         reward_functions=s.reward_functions,
+        step=step + 1,
     )
 
 

@@ -42,10 +42,11 @@ from tepo.data import PromptStream
 from tepo.evaluate.records import AFTER, BEFORE, records_path
 from tepo.metrics import MetricsLog, truncate_metrics
 from tepo.precision import RunPrecision, resolve_run_precision
-from tepo.rewards import MathRewardPool, user_reward_functions
+from tepo.rewards import FAILURES_FILE, RewardFailures, RewardPool, user_reward_functions
+from tepo.rewards.functions import runs_math_verify
 from tepo.rollout.base import RolloutBackend, RolloutError
 from tepo.training.collect import Collected
-from tepo.training.datasets import load_datasets
+from tepo.training.datasets import held_out_note, load_datasets
 from tepo.training.evaluation import evaluate_held_out, evaluation_metrics
 from tepo.training.overlap import RolloutPrefetch, keep_off_engine_cores, restore_cores
 from tepo.training.parts import build_step_parts
@@ -124,7 +125,7 @@ class Trainer:
         self.precision = precision.precision
         self.run_dir = Path(run_dir)
         self.log = log
-        self._pool: MathRewardPool | None = None
+        self._pool: RewardPool | None = None
         self._prefetch: RolloutPrefetch | None = None  # rollout.async_steps=1: the batch sampled ahead
         self._cpu_before_overlap: tuple | None = None
         self.setup(precision.warnings)
@@ -140,6 +141,8 @@ class Trainer:
         for note in config_warnings(c):
             log(f"note: {note}")
         self.train_problems, self.eval_problems = load_datasets(c)
+        if (held_out := held_out_note(c, len(self.train_problems))) is not None:
+            log(f"note: {held_out}")
         torch.manual_seed(c.train.seed)
         if c.train.deterministic:  # before the model's first matmul (cuBLAS reads its workspace setting then)
             from tepo.training.determinism import make_deterministic
@@ -408,11 +411,13 @@ class Trainer:
         )
         progress = None
         try:
-            with MathRewardPool(
+            with RewardPool(
                 num_workers=c.reward.num_workers,
                 timeout_s=c.reward.timeout_s,
                 answer_format=c.reward.answer_format,
                 functions=[f.for_pool() for f in user_reward_functions(c.reward.functions)],
+                log_dir=self.run_dir,  # each worker's prints: reward_worker_<slot>.log
+                failures=self._reward_failures(),
             ) as pool:
                 self._pool = pool
                 self._doing = "the initial policy's held-out evaluation"
@@ -437,6 +442,16 @@ class Trainer:
             self.rollout.close()  # the vLLM backend's server process
         return self._finish(before, after)
 
+    def _reward_failures(self) -> RewardFailures:
+        """The record of the user's reward functions' failures: a warning, reward_failures.jsonl, and
+        ``RewardFunctionsFailing`` (exit 2) at ``reward.stop_failure_share``; the last checkpoint is kept."""
+        return RewardFailures(
+            self.run_dir / FAILURES_FILE,
+            stop_share=self.config.reward.stop_failure_share,
+            log=self.log,
+            resume_hint=f"once it is fixed, resume from the last checkpoint with `tepo train --resume {self.run_dir}`",
+        )
+
     def _one_step(self, pool, metrics_log: MetricsLog, progress) -> None:
         """One step of the loop: the step itself, its evaluation when due, its metrics row, its checkpoint."""
         c = self.config
@@ -452,9 +467,10 @@ class Trainer:
             self._doing = f"the held-out evaluation after step {self.step}"
             row.update(evaluation_metrics(self.evaluate(pool, f"step{self.step}")))
         row["update/bad_steps_in_row"] = self.bad_steps_in_row
-        totals = self.reward_totals()
-        row["reward/timeouts_total"] = totals["timeouts"]
-        row["reward/parse_failures_total"] = totals["parse_failures"]
+        if runs_math_verify([name for name, _ in self.parts.settings.reward_functions]):
+            totals = self.reward_totals()  # math-verify's: not logged where it does not score the rewards
+            row["reward/timeouts_total"] = totals["timeouts"]
+            row["reward/parse_failures_total"] = totals["parse_failures"]
         metrics_log.append(row)  # the stopping step is logged too; it writes no checkpoint
         if stop is not None:
             raise stop
