@@ -475,7 +475,7 @@ def test_real_comparison_tiny(tmp_path):
         (m, s, when): [
             json.loads(x)["key"]
             for x in (tmp_path / m / f"seed{s}" / "held_out" / f"{when}.jsonl").read_text().splitlines()
-        ]  # fmt: skip
+        ]
         for m in ("grpo", "tepo")
         for s in (0, 1)
         for when in ("before", "after")
