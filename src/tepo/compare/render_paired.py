@@ -110,12 +110,14 @@ def render_statistics(table: dict, measures: Sequence[str] | None = None) -> str
         label = PAIRED_LABELS.get(measure, measure)
         headers, body = paired_rows(table, measure)
         tested = sum(1 for c in paired[measure].values() if c.get("p") is not None)
-        family = f"Holm across the {tested} methods paired" if tested > 1 else "one method paired, Holm = sign-flip"
+        family = (
+            f"Holm across the {tested} methods paired"
+            if tested > 1
+            else "one method paired, Holm = sign-flip"
+        )
         text += (
             f"\nPaired with {reference}: {label} (method - {reference}, by seed; {family}; 'higher'/'lower' only "
-            f"where Holm p < {alpha:g})\n\n"
-            + format_table(headers, body)
-            + "\n"
+            f"where Holm p < {alpha:g})\n\n" + format_table(headers, body) + "\n"
         )
     if measures is None and table.get("problem_level"):
         headers, body = problem_rows(table)
