@@ -233,6 +233,7 @@ def test_comparison_report_is_self_contained(comparison, comparison_report):
     assert "0 at every step of every run, not drawn: clip fraction, tokens (low)" in page
     assert "curve_clip_frac_low.png" not in {p.name for p in result.figures}
     assert '0.400 <span class="ci">[-0.097, 0.897]</span>' in page and "<strong>0.500</strong>" in page
+    assert "<h2>Paired tests</h2>" in page and "sign-flip p" in page  # the tests behind every difference
     names = {p.name for p in result.figures}
     assert {"curves.png", "curve_reward_mean.png", "tokens_grpo_seed_0_step000004.png"} <= names
     for png in result.figures:

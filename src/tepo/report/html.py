@@ -107,8 +107,16 @@ def token_view_html(samples: list[dict]) -> str:
     return "\n".join(parts)
 
 
+def _statistics_html(table: dict) -> list[str]:
+    """The paired tests, the problem-level view and the aggregates (tepo.compare.render_paired), as text."""
+    from tepo.compare.render_paired import render_statistics
+
+    text = render_statistics(table).strip()
+    return ["<h2>Paired tests</h2>", f'<pre class="tests">{html.escape(text)}</pre>'] if text else []
+
+
 def comparison_table_html(table: dict) -> str:
-    from tepo.compare.render import REACH_KEYS, format_value
+    from tepo.compare.render import REACH_KEYS, format_cell, format_value
 
     cols = table["columns"]
     head = "".join(f"<th>{html.escape(c['label'])}</th>" for c in cols)
@@ -119,6 +127,11 @@ def comparison_table_html(table: dict) -> str:
         cells = []
         for c in cols:
             cell = row["cells"].get(c["key"])
+            if (
+                c["key"] == "collapsed" and cell and cell.get("n")
+            ):  # a count of runs, as the Markdown table shows it
+                cells.append(f"<td>{html.escape(format_cell(cell, 'collapsed', markdown=False))}</td>")
+                continue
             if not cell or cell.get("mean") is None:
                 of = cell.get("of") if cell else None
                 word = "not reached" if c["key"] in REACH_KEYS and of else "-"
@@ -328,6 +341,7 @@ def report_comparison(
         "<h2>Results</h2>",
         comparison_table_html(table),
         f'<p class="note">{html.escape(table_footer(table))}</p>',
+        *_statistics_html(table),
     ]
     notes = plan.get("notes") or []
     if notes:
