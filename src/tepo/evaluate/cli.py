@@ -237,32 +237,15 @@ def build_tasks(args) -> list:
     return tasks
 
 
-_LABEL = re.compile(r"[A-Za-z0-9_.-]+")  # a label: no path separator, no colon
-
-
 def eval_reward_functions(specs: list[str] | None) -> list:
-    """``--reward-function [LABEL=]PATH:NAME`` values as the user's reward functions, each loaded and checked
-    here (the checks of ``reward.functions``), before any model loads; EvalError with one line per problem."""
-    from tepo.rewards import parse_reward_functions, user_reward_function_errors, user_reward_functions
+    """``--reward-function [LABEL=]PATH:NAME`` values as the user's reward functions (loaded and checked by
+    :func:`tepo.rewards.reward_functions_from_specs`); EvalError with one line per problem."""
+    from tepo.rewards import reward_functions_from_specs
 
-    entries = []
-    for spec in specs or []:
-        label, has_label, rest = spec.partition("=")
-        if not has_label or not _LABEL.fullmatch(label):
-            label, rest = None, spec
-        path, sep, name = rest.rpartition(":")
-        if not sep or not path or not name:
-            raise EvalError(
-                f"--reward-function {spec!r}: expected [LABEL=]PATH:NAME, e.g. my_rewards.py:compute_score "
-                "or mine=my_rewards.py:compute_score"
-            )
-        entries.append({"path": path, "name": name, **({"label": label} if label else {})})
-    if not entries:
-        return []
-    errors = parse_reward_functions(entries)[1] or user_reward_function_errors(entries)
-    if errors:
-        raise EvalError("; ".join(e.replace("reward.functions", "--reward-function", 1) for e in errors))
-    return user_reward_functions(entries)
+    try:
+        return reward_functions_from_specs(specs)
+    except ValueError as err:
+        raise EvalError(str(err)) from None
 
 
 def _task_key(name: str) -> str:

@@ -69,13 +69,11 @@ def read_responses(path: Path, count: int) -> list[str]:
 
 def run_check(args) -> int:
     from tepo.data import load_problems
-    from tepo.evaluate.cli import eval_reward_functions
-    from tepo.evaluate.settings import EvalError
-    from tepo.rewards import RewardFailures, RewardPool, score_responses
+    from tepo.rewards import RewardFailures, RewardPool, reward_functions_from_specs, score_responses
 
     try:
-        functions = eval_reward_functions(args.functions)
-    except EvalError as err:
+        functions = reward_functions_from_specs(args.functions)
+    except ValueError as err:
         print(
             f"tepo reward check: error: {str(err).replace('--reward-function', 'function')}", file=sys.stderr
         )

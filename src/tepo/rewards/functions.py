@@ -310,3 +310,29 @@ def _call_column(results: Sequence, width: int) -> tuple[list[float], list[str],
         statuses += ["error" if bad else "scored" for bad in failed]
         details += [(r.detail or "error") if bad else "" for bad in failed]
     return column, statuses, details
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_.-]+")  # a label: no path separator, no colon
+
+
+def reward_functions_from_specs(specs: list[str] | None, flag: str = "--reward-function") -> list:
+    """Command-line ``[LABEL=]PATH:NAME`` values as the user's reward functions, each loaded and checked with the
+    checks of ``reward.functions`` before any model loads; ValueError with one line per problem, naming ``flag``."""
+    entries = []
+    for spec in specs or []:
+        label, has_label, rest = spec.partition("=")
+        if not has_label or not _LABEL.fullmatch(label):
+            label, rest = None, spec
+        path, sep, name = rest.rpartition(":")
+        if not sep or not path or not name:
+            raise ValueError(
+                f"{flag} {spec!r}: expected [LABEL=]PATH:NAME, e.g. my_rewards.py:compute_score "
+                "or mine=my_rewards.py:compute_score"
+            )
+        entries.append({"path": path, "name": name, **({"label": label} if label else {})})
+    if not entries:
+        return []
+    errors = parse_reward_functions(entries)[1] or user_reward_function_errors(entries)
+    if errors:
+        raise ValueError("; ".join(e.replace("reward.functions", flag, 1) for e in errors))
+    return user_reward_functions(entries)
