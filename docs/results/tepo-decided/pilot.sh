@@ -7,11 +7,11 @@
 set -euo pipefail
 TEPO=${TEPO:-.venv/bin/tepo}  # unquoted below: may be "python -m tepo.cli"
 OUT=docs/results/tepo-decided/pilot
-# Short runs on the shared held-out draw: 6 steps, 200 held-out problems, greedy only; no checkpoints kept at the end.
-COMMON=(train.steps=6 eval.size=200 eval.samples=0 train.save_every=2 train.keep_last=1 train.save_final=false)
+# Short runs on the shared held-out draw: 6 steps, 100 held-out problems, greedy only; no checkpoints kept at the end.
+COMMON=(train.steps=6 eval.size=100 eval.samples=0 train.save_every=2 train.keep_last=1 train.save_final=false)
 METHODS=grpo,tepo,tepo_v2_kl_mask
-# Updates per rollout: 4 prompts a step; mini-batches of 1 prompt give 4 updates, two epochs of them 8.
-$TEPO compare --losses $METHODS --seeds 1 --dir $OUT/u1 --no-report "${COMMON[@]}" train.ppo_epochs=1
+# Updates per rollout: 4 prompts a step; mini-batches of 1 prompt give 4 updates, two epochs of them 8 (the
+# settings where a clip can act run first).
 $TEPO compare --losses $METHODS --seeds 1 --dir $OUT/u4 --no-report "${COMMON[@]}" train.ppo_epochs=1 train.mini_batch_prompts=1
 $TEPO compare --losses $METHODS --seeds 1 --dir $OUT/u8 --no-report "${COMMON[@]}" train.ppo_epochs=2 train.mini_batch_prompts=1
 # The response limit: GRPO at 128 and 256 new tokens, 4 updates per rollout (64 is u4's grpo run).
@@ -19,3 +19,5 @@ for tokens in 128 256; do
   $TEPO compare --losses grpo --seeds 1 --dir $OUT/len$tokens --no-report "${COMMON[@]}" train.ppo_epochs=1 \
     train.mini_batch_prompts=1 rollout.max_new_tokens=$tokens
 done
+# One update per rollout last: every ratio is 1 there by construction (the old policy is the current one).
+$TEPO compare --losses $METHODS --seeds 1 --dir $OUT/u1 --no-report "${COMMON[@]}" train.ppo_epochs=1
