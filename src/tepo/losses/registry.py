@@ -71,7 +71,8 @@ def _allows_none(annotation: Any) -> bool:
     if annotation is inspect.Parameter.empty:
         return False
     if isinstance(annotation, str):
-        return any(part.strip() in ("None", "Optional") for part in re.split(r"[|\[\],]", annotation))
+        parts = re.split(r"[|\[\],]", annotation)
+        return any(part.strip().rsplit(".", 1)[-1] in ("None", "Optional") for part in parts)
     return annotation is None or type(None) in typing.get_args(annotation)
 
 
