@@ -109,8 +109,8 @@ def fipo(
     ``min(exp(F), 10)`` when ``c = influence_clip = 0``; where ``A < 0`` and ``r > safety_threshold``,
     ``iw = clip(iw, 0.8, 1)``. A row with more than one valid token where ``A < 0`` and the dual clip binds
     (``r > C``, ``C = clip_ratio_c``) is dropped: value, gradient and count. The sum is divided by the kept
-    tokens (a `TokenCount` of the mini-batch through ``mini_batch_stats``; without it, this call's kept tokens,
-    TRL's per-micro-batch count). Defaults: TRL's recipe (eps 0.2/0.28, C 10, decay_rate 32, c 0.2,
+    tokens (a `TokenCount` of the mini-batch through ``mini_batch_stats``; without it, the call's own share,
+    `tepo.losses.token_count.rescale_to_count`: TRL's per-micro-batch count). Defaults: TRL's recipe (eps 0.2/0.28, C 10, decay_rate 32, c 0.2,
     high_only, safety 10). On-policy: F = 0, iw = 1, plain clipped PPO.
 
     Metrics: ``fipo_influence_weights_mean_raw`` (mean exp(F)), ``fipo_influence_weight_clip_ratio_upper`` /
@@ -131,8 +131,7 @@ def fipo(
     term, raw, weight, (lb, ub), kept_rows = _fipo_parts(inputs, options)
     valid = inputs.mask
     kept = valid & kept_rows.unsqueeze(-1)
-    count = kept.sum() if kept_tokens is None else kept_tokens.count
-    term = rescale_to_count(torch.where(kept, term, torch.zeros_like(term)), inputs, count)
+    term = rescale_to_count(torch.where(kept, term, torch.zeros_like(term)), inputs, kept, kept_tokens)
     ratio, adv = torch.exp(inputs.logp - inputs.old_logp).detach(), inputs.advantages
     rows = torch.ones_like(kept_rows)
     metrics = {

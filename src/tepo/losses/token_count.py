@@ -42,9 +42,19 @@ def check_token_count(stats: Any, name: str) -> None:
         raise ValueError(f"the TokenCount was computed for policy loss {stats.loss!r}, not {name!r}")
 
 
-def rescale_to_count(loss_mat: torch.Tensor, inputs: LossInputs, count: float | torch.Tensor) -> torch.Tensor:
-    """``loss_mat * T_tot / max(count, 1)``: token-mean aggregation (which divides by ``T_tot = num_tokens``) then
-    divides by ``count`` instead. Under the other aggregations the term carries the same factor."""
-    if isinstance(count, torch.Tensor):
-        return loss_mat * (inputs.num_tokens / count.to(loss_mat.dtype).clamp(min=1.0))
-    return loss_mat * (inputs.num_tokens / max(float(count), 1.0))
+def rescale_to_count(
+    loss_mat: torch.Tensor, inputs: LossInputs, counted: torch.Tensor, stats: TokenCount | None
+) -> torch.Tensor:
+    """``loss_mat`` times the factor that makes token-mean (which divides by ``T_tot = num_tokens``) divide by the
+    counted tokens instead; under the other aggregations the term carries the same factor.
+
+    With the mini-batch's `TokenCount` the factor is ``T_tot / max(count, 1)``. Without it, a call knows only its
+    own rows: the factor is ``n_valid / max(n_counted, 1)`` over the call's tokens (``counted``: [N, T] bool),
+    so one call on the whole batch divides by its counted tokens exactly, and equal-sized micro-batches give
+    TRL's per-micro-batch count divided by the accumulation steps.
+    """
+    if stats is not None:
+        return loss_mat * (inputs.num_tokens / max(float(stats.count), 1.0))
+    dtype = loss_mat.dtype
+    own = inputs.mask.sum().to(dtype) / counted.sum().to(dtype).clamp(min=1.0)
+    return loss_mat * own

@@ -32,6 +32,12 @@ def _row_quantile(values: torch.Tensor, valid: torch.Tensor, q: float, empty: fl
     return torch.where(n > 0, value, torch.full_like(value, empty))
 
 
+def _exclusive_cumsum(values: torch.Tensor) -> torch.Tensor:
+    """``sum_{j<t} values[j]`` along the last dimension (0 at t = 1): the running sum shifted one place right."""
+    total = torch.cumsum(values, dim=-1)
+    return torch.cat([torch.zeros_like(total[..., :1]), total[..., :-1]], dim=-1)
+
+
 def cppo_keep(inputs: LossInputs, delta, w_min, delta_b, delta_b_q, delta_b_k, horizon) -> torch.Tensor:
     """CPPO's token mask M (detached): where the update moves pi back toward old, or the weighted divergence
     fits the budget left by the row's prefix."""
@@ -46,8 +52,8 @@ def cppo_keep(inputs: LossInputs, delta, w_min, delta_b, delta_b_q, delta_b_k, h
     ramp = ((span - position) / max(span - 1, 1)).clamp(0.0, 1.0)
     weight = torch.where(valid, w_min + (1.0 - w_min) * ramp, zero)
     weighted = weight * div
-    spent = torch.cumsum(weighted, dim=-1) - weighted
-    allowed = torch.cumsum(weight, dim=-1) - weight
+    spent = _exclusive_cumsum(weighted)
+    allowed = _exclusive_cumsum(weight)
     budget = (delta_b_k * _row_quantile(div, valid, delta_b_q, empty=delta_b)).clamp(delta_b, 5.0 * delta_b)
     threshold = torch.clamp(delta + budget.unsqueeze(-1) * allowed - spent, max=delta)
     ratio = torch.exp((logp - old).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP))

@@ -54,7 +54,8 @@ def dapo_zv(
     (``max - min <= 1e-6``); a loss sees advantages, so here a row is zero-variance when its advantage is 0
     (``|A| <= tol`` on every valid token). The two agree whenever the estimator gives exactly 0 to all-equal
     groups and non-zero values to the others (GRPO on 0/1 rewards; tepo's grpo zeroes all-equal groups). ``N_zv``
-    is a statistic of the mini-batch (a `TokenCount` through ``mini_batch_stats``; without it, this call's).
+    is a statistic of the mini-batch (a `TokenCount` through ``mini_batch_stats``; without it, the call's own share,
+    `tepo.losses.token_count.rescale_to_count`).
     With no zero-variance row it is ``dapo``. No metric beyond the clip shares.
     """
     check_eps(eps_low=eps_low, eps_high=eps_high)
@@ -66,9 +67,6 @@ def dapo_zv(
     ratio = torch.exp(token_log_ratio(inputs))
     capped = ratio if delta is None else ratio.clamp(max=delta)
     term = torch.maximum(-adv * capped, -adv * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
-    if zv_tokens is None:
-        count = (inputs.mask & _counted_rows(inputs, tol).unsqueeze(-1)).sum()
-    else:
-        count = zv_tokens.count
+    counted = inputs.mask & _counted_rows(inputs, tol).unsqueeze(-1)
     low, high = clip_masks(ratio.detach(), adv, inputs.mask, eps_low, eps_high)
-    return rescale_to_count(term, inputs, count), clip_metrics(low, high, inputs.mask)
+    return rescale_to_count(term, inputs, counted, zv_tokens), clip_metrics(low, high, inputs.mask)
