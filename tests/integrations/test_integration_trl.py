@@ -73,7 +73,20 @@ def _reference(trainer, batch, name, num_tokens, **options):
 
 @pytest.mark.parametrize(
     ("name", "options"),
-    [("tepo", {}), ("grpo", {}), ("gspo", {"eps": 0.1}), ("cispo", {}), ("tepo", {"entropy_coef": 0.01})],
+    [
+        ("tepo", {}),
+        ("grpo", {}),
+        ("gspo", {"eps": 0.1}),
+        ("cispo", {}),
+        ("tepo", {"entropy_coef": 0.01}),
+        # The objectives of open TRL / verl pull requests.
+        ("up", {"dual_clip": 3.0}),
+        ("cppo", {}),
+        ("topr", {}),
+        ("stare", {"H_tgt": 100.0}),  # gate on: the reweighting is in the gradient
+        ("fipo", {}),
+        ("dapo_zv", {}),
+    ],
 )
 def test_adapter_loss_and_grad_equal_compute_policy_loss(fixed_trainer, name, options):
     trainer = fixed_trainer

@@ -258,6 +258,8 @@ def plan_loss(args: Any, loss_name: str | None, loss_options: dict[str, Any]) ->
     if delta is not None:
         if source == "trl" and loss_type not in CLIPPED_TYPES:
             problems.append(f"delta={delta}: TRL ignores delta for loss_type={loss_type!r}; unset it")
+        elif "delta" in spec.defaults:  # up, stare, dapo_zv take TRL's delta itself
+            _set_once(options, "delta", float(delta), "delta", problems)
         elif "dual_clip" not in valid_options(spec):
             problems.append(
                 f"delta={delta} (TRL's two-sided clipping) maps to dual_clip, which loss {name!r} does not take "
