@@ -648,13 +648,14 @@ ROWS: list[dict] = [
     {
         "name": "`stare` (open PR TRL #6167)",
         "trl": "none in 1.16. PR #6167 head `22337c61`: `loss_type=stare`, the top `ceil(p n)` surprisal tokens per advantage sign of the micro-batch reweighted while its mean entropy < target, bnpo aggregation",
-        "verl": "none (the authors' `hp-luo/STARE` is a verl fork: dual clip 3, step-level old-policy entropy)",
+        "verl": "none (the authors' `hp-luo/STARE` @ `bffb9e79` is a verl fork: dual clip 3, step-level entropy, `int(n p + 0.999999)` tokens)",
         "tepo": "`loss: stare` (`variant`, `p`, `W`, `M`, `H_tgt`, `delta`, `dual_clip`, `batch_entropy`, `k_rounding`); selection and gate over the optimizer mini-batch in tepo's trainer, over the call elsewhere",
         "agree": "TRL: the same `W, M, p, H_tgt, epsilon, delta`, beta 0, one micro-batch (`stare_*` = tepo's options); the authors: `dual_clip: 3.0`, `batch_entropy` = their step entropy, `k_rounding: authors`",
         "differences": "TRL's gate compares a float32 mean (a batch entropy within 1e-6 of `H_tgt` can fall differently); TRL's ties in surprisal go to `torch.topk`'s order, tepo's to the lower index; in TepoGRPOTrainer the sum is divided by the window's tokens (TRL's bnpo: each micro-batch by its own, / GA)",
         "tests": [
             f"{_OPEN_PR}::test_loss_gradient_and_metrics_equal_the_upstream_code",
             f"{_OPEN_PR}::test_stare_token_weights_equal_trls",
+            f"{_OPEN_PR}::test_stare_authors_reading_equals_their_code",
             f"{_OPEN_FORMS}::test_stare_authors_reading_dual_clip_three_and_their_rounding",
         ],
     },

@@ -133,3 +133,22 @@ def test_codapo_advantages_equal_verls(case):
     torch.testing.assert_close(
         adv, torch.tensor(case["expected"]["advantages"], dtype=torch.float64), rtol=1e-12, atol=1e-15
     )
+
+
+@pytest.mark.parametrize("case", _fixture("stare_authors")["cases"])
+def test_stare_authors_reading_equals_their_code(case):
+    """hp-luo/STARE's compute_policy_loss_stare (verl's dual clip c = 3, the controller's gate and step entropy,
+    k = int(n p + 0.999999)) = stare(dual_clip=3.0, batch_entropy=H_bar, k_rounding="authors")."""
+    inputs = _tensors(case)
+    logp = inputs.pop("logp").requires_grad_(True)
+    loss, metrics = compute_policy_loss("stare", logp=logp, **inputs, **case["tepo_options"])
+    loss.backward()
+    expected = case["expected"]
+    torch.testing.assert_close(
+        loss.detach(), torch.tensor(expected["loss"], dtype=torch.float64), rtol=1e-12, atol=1e-15
+    )
+    torch.testing.assert_close(
+        logp.grad, torch.tensor(expected["grad"], dtype=torch.float64), rtol=1e-12, atol=1e-14
+    )
+    for key, value in expected["metrics"].items():
+        assert metrics[key] == pytest.approx(value, rel=1e-12), key
