@@ -80,7 +80,7 @@ def _reference(trainer, batch, name, num_tokens, **options):
         ("cispo", {}),
         ("tepo", {"entropy_coef": 0.01}),
         # The objectives of open TRL / verl pull requests: stare (the entropy it requires) and fipo (its own token
-        # count) by default, the rest under -m slow (about 8 s each on 2 cores).
+        # count) by default, the rest under -m slow (each adds a forward and backward pass of the model).
         ("stare", {"H_tgt": 100.0}),  # gate on: the reweighting is in the gradient
         ("fipo", {}),
         pytest.param("up", {"dual_clip": 3.0}, marks=pytest.mark.slow),

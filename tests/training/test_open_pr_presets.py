@@ -1,6 +1,6 @@
 """The presets of the objectives from open TRL / verl pull requests: each resolves, validates and computes its
 loss (and CoDaPO its advantages) on a small batch in the default suite; each trains 2 steps on the real embedded
-model under ``-m slow`` (about 40 s each on 2 CPU cores)."""
+model under ``-m slow`` (a few minutes each on a loaded 2-core machine)."""
 
 from __future__ import annotations
 
