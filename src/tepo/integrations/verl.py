@@ -268,11 +268,15 @@ def make_verl_loss(name: str):
         token_tensors = _TOKEN_TENSORS.get() or {}
         if rollout_log_probs is None:  # verl 0.9.1's ppo_loss does not pass them: `tepo_ppo_loss` does
             rollout_log_probs = token_tensors.get("rollout_logp")
-        if _needs_entropy(name, options) and token_tensors.get("entropy") is None and not options.get(
-            "tepo_kl_mask_coef"
+        if (
+            _needs_entropy(name, options)
+            and token_tensors.get("entropy") is None
+            and not options.get("tepo_kl_mask_coef")
         ):
             quantile = options.get("top_entropy_quantile")
-            why = f"policy_loss.top_entropy_quantile={quantile!r}" if quantile is not None else f"loss {name!r}"
+            why = (
+                f"policy_loss.top_entropy_quantile={quantile!r}" if quantile is not None else f"loss {name!r}"
+            )
             raise ValueError(
                 f"{why} needs the current policy's "
                 f"per-token entropy, which did not reach loss {name!r}: the actor loss must be "
