@@ -27,6 +27,8 @@ _TRL_CFG = "tests/integrations/test_integration_trl_config.py"
 _VERL = "tests/integrations/test_integration_verl_estimators.py::test_verl_estimators_rejections_and_normalisation_equal_ours"
 _VERL26 = "tests/integrations/test_integration_verl_objectives.py::test_verl_2026_losses_equal_ours_or_differ_as_documented"
 _MORE = "tests/integrations/test_integration_verl_parity_more.py"
+_OPEN_PR = "tests/losses/test_losses_open_prs_parity.py"
+_OPEN_FORMS = "tests/losses/test_losses_open_prs.py"
 _T39 = "tests/integrations/test_integration_verl_framework_estimators.py::test_verl_estimators_and_losses_of_issue_39_equal_ours"
 
 # Token-level estimators (issue #44): where they run besides tepo's trainer, and at what cost.
@@ -602,6 +604,99 @@ ROWS: list[dict] = [
         "differences": "tepo has no switch that clips against the sampler's log-probs (tepo.losses.plain_gradient.BYPASS_MODE)",
         "tests": ["tests/losses/test_losses_objectives.py::test_gpg_and_dro_value_and_gradient_by_hand"],
     },
+    # The objectives of open pull requests: no released TRL or verl has them; each row names the PR and the head
+    # commit whose code made the fixtures (tests/fixtures/open_prs/), so a user knows where a name may move when
+    # upstream merges.
+    {
+        "name": "`up` (open PRs verl #7022, TRL #6579)",
+        "trl": "none in 1.16. PR #6579 (`trl/experimental/up`, `UPTrainer`): its head is not in the snapshot read here (code read at `d8415581`): no log-ratio clamp, no dual clip, TRL's `delta`",
+        "verl": "none in 0.9.1. PR #7022 head `0257b18e`: `loss_mode: up`, REINFORCE where A > 0, vanilla's clip and dual clip (`clip_ratio_c` 3.0) elsewhere, log-ratio clamped at +-20",
+        "tepo": "`loss: up`: `-A exp(logp - sg[logp])` where A > 0, `max(-A min(r, delta), -A clip(r))` elsewhere (`dual_clip` None: the paper's), token-mean",
+        "agree": "verl: `dual_clip: 3.0`, `eps = clip_ratio`, the same `loss_agg_mode` (`num_seqs` = non-empty rows for verl's local seq-mean); TRL: `dual_clip: null`, `log_ratio_clamp: null`, `delta` = TRL's `delta`",
+        "differences": "verl's seq-mean-token-mean divides by `L_i + 1e-8` (<= 1e-9 abs on the fixtures); TRL #6579 not pinned by a fixture (its head is not available)",
+        "tests": [
+            f"{_OPEN_PR}::test_loss_gradient_and_metrics_equal_the_upstream_code",
+            f"{_OPEN_FORMS}::test_up_verl_dual_clip_three_caps_a_negative_token_past_three",
+            f"{_OPEN_FORMS}::test_up_delta_binds_below_one_plus_eps_high_and_the_clamp_is_verls",
+        ],
+    },
+    {
+        "name": "`cppo` (open PR verl #6731)",
+        "trl": "none",
+        "verl": "none in 0.9.1. PR #6731 head `7528d2ef`: `loss_mode: cppo`, `-A sg[min(r, clip_ratio_c)] M logp`, M the position-weighted cumulative Binary-TV mask (`policy_loss.cppo.*`)",
+        "tepo": "`loss: cppo`: the same mask M; value `-A r sg[min(r, C)/r] M` (gradient identical; `value_form: verl` gives verl's value)",
+        "agree": "`delta = clip_ratio`, `tis_cap = clip_ratio_c` (verl's default 3.0; the recipe's 20 is tepo's default), `w_min`, `delta_b`, `delta_b_q`, `delta_b_k` = `cppo_*`, `value_form: verl`, fixed-width padding (`horizon` = the padded width)",
+        "differences": "verl computes the position weights in float32 (a token within ~1e-7 of its threshold can fall differently); verl's engine path pads each micro-batch to its own width: set `horizon: max_response_length` for a fixed schedule",
+        "tests": [
+            f"{_OPEN_PR}::test_loss_gradient_and_metrics_equal_the_upstream_code",
+            f"{_OPEN_PR}::test_cppo_ratio_value_form_has_verls_gradient",
+            f"{_OPEN_FORMS}::test_cppo_keeps_the_tokens_within_the_cumulative_budget",
+        ],
+    },
+    {
+        "name": "`topr` (open PR verl #6986)",
+        "trl": "none",
+        "verl": "none in 0.9.1. PR #6986 head `dbeb49b4`: `loss_mode: topr`, weight `clip(exp(mean_t log r), lower, upper)` on negative sequences, seq-mean-token-mean whatever `loss_agg_mode`",
+        "tepo": "`loss: topr`: the paper's defaults, product ratio (`seq_ratio: sum`) and seq-mean-token-sum",
+        "agree": "`seq_ratio: mean`, `agg: seq-mean-token-mean`, `lower`/`upper` = `topr_negative_ratio_lower/upper`, `num_seqs` = non-empty rows",
+        "differences": "verl's seq-mean-token-mean divides by `L_i + 1e-8` (<= 1e-9 abs); the paper splits by reward sign, both codes by advantage sign",
+        "tests": [
+            f"{_OPEN_PR}::test_loss_gradient_and_metrics_equal_the_upstream_code",
+            f"{_OPEN_FORMS}::test_topr_tapers_the_negative_sequence_only",
+        ],
+    },
+    {
+        "name": "`stare` (open PR TRL #6167)",
+        "trl": "none in 1.16. PR #6167 head `22337c61`: `loss_type=stare`, the top `ceil(p n)` surprisal tokens per advantage sign of the micro-batch reweighted while its mean entropy < target, bnpo aggregation",
+        "verl": "none (the authors' `hp-luo/STARE` @ `bffb9e79` is a verl fork: dual clip 3, step-level entropy, `int(n p + 0.999999)` tokens)",
+        "tepo": "`loss: stare` (`variant`, `p`, `W`, `M`, `H_tgt`, `delta`, `dual_clip`, `batch_entropy`, `k_rounding`); selection and gate over the optimizer mini-batch in tepo's trainer, over the call elsewhere",
+        "agree": "TRL: the same `W, M, p, H_tgt, epsilon, delta`, beta 0, one micro-batch (`stare_*` = tepo's options); the authors: `dual_clip: 3.0`, `batch_entropy` = their step entropy, `k_rounding: authors`",
+        "differences": "TRL's gate compares a float32 mean (a batch entropy within 1e-6 of `H_tgt` can fall differently); TRL's ties in surprisal go to `torch.topk`'s order, tepo's to the lower index; in TepoGRPOTrainer the sum is divided by the window's tokens (TRL's bnpo: each micro-batch by its own, / GA)",
+        "tests": [
+            f"{_OPEN_PR}::test_loss_gradient_and_metrics_equal_the_upstream_code",
+            f"{_OPEN_PR}::test_stare_token_weights_equal_trls",
+            f"{_OPEN_PR}::test_stare_authors_reading_equals_their_code",
+            f"{_OPEN_FORMS}::test_stare_authors_reading_dual_clip_three_and_their_rounding",
+        ],
+    },
+    {
+        "name": "`fipo` (open PR TRL #5434)",
+        "trl": "none in 1.16. PR #5434 head `20463989`: `loss_type=fipo`, future-KL influence weights on the advantage, dual clip `fipo_clip_ratio_c`, rows with more than one dual-clipped token dropped, bnpo over the kept tokens",
+        "verl": "none",
+        "tepo": "`loss: fipo` (`clip_ratio_c`, `decay_rate`, `influence_clip`, `high_only`, `safety_threshold`); the kept-token count over the optimizer mini-batch in tepo's trainer, the call's share elsewhere",
+        "agree": "`epsilon`/`epsilon_high` = `eps_low`/`eps_high`, `fipo_*` = the same options (`fipo_influence_clip_ratio` = `influence_clip`), beta 0, no vLLM IS, one micro-batch",
+        "differences": "none on the fixtures (influence weights by recursion vs TRL's chunked matmul: ~1e-15); TRL divides each micro-batch by its own kept tokens and by GA",
+        "tests": [
+            f"{_OPEN_PR}::test_loss_gradient_and_metrics_equal_the_upstream_code",
+            f"{_OPEN_PR}::test_fipo_influence_weights_and_kept_rows_equal_trls",
+            f"{_OPEN_FORMS}::test_fipo_drops_a_row_with_two_tokens_past_the_dual_clip_from_value_gradient_and_count",
+        ],
+    },
+    {
+        "name": "`dapo_zv` (open PR TRL #6365)",
+        "trl": "none in 1.16. PR #6365 head `c17988de`: `loss_type=dapo_zv`, DAPO's sum over `num_items_in_batch_zv`, the tokens of rows whose group rewards are not all equal (within 1e-6)",
+        "verl": "none",
+        "tepo": "`loss: dapo_zv`: the same sum over the tokens of rows with a non-zero advantage (`tol` 1e-6), counted over the optimizer mini-batch in tepo's trainer",
+        "agree": "`epsilon_high: 0.28`, beta 0, group advantages that are 0 exactly on all-equal groups (TRL's with 0/1 rewards; tepo's `grpo`)",
+        "differences": "TRL tests the rewards, tepo the advantages: a non-zero-variance row whose advantage is exactly 0 (a reward equal to its group mean) counts in TRL only; TRL's count spans the generation batch, tepo's the optimizer mini-batch (in TepoGRPOTrainer, the micro-batch's share)",
+        "tests": [
+            f"{_OPEN_PR}::test_loss_gradient_and_metrics_equal_the_upstream_code",
+            f"{_OPEN_PR}::test_dapo_zv_token_count_equals_trls",
+            f"{_OPEN_FORMS}::test_dapo_zv_leaves_zero_variance_rows_out_of_the_count",
+        ],
+    },
+    {
+        "name": "`codapo` (advantage) (open PR verl #7497)",
+        "trl": "none",
+        "verl": "none in 0.9.1. PR #7497 head `cb85d41a`: `adv_estimator: codapo`, GRPO times `c_g 4 acc_g (1 - acc_g) + codapo_weight_offset`; CoDaSampling's focused second step in its trainer",
+        "tepo": "`advantage: codapo` (`delta`, `eps`, `norm_by_std`, `correct_reward`); in verl as `tepo.codapo`; `focused_step: true` refused (no second rollout inside a step)",
+        "agree": "`delta = codapo_weight_offset`, `norm_by_std = norm_adv_by_std_in_grpo`, verl's `acc` = the reward (0/1 verifier), the G responses of a prompt in contiguous rows",
+        "differences": "verl reads correctness from the reward's `acc` field, tepo from the reward itself; an all-equal group is exactly 0 in tepo (verl: float residue / (std + eps)); CoDaSampling not offered",
+        "tests": [
+            f"{_OPEN_PR}::test_codapo_advantages_equal_verls",
+            "tests/advantages/test_advantages_codapo.py::test_codasampling_is_refused_and_options_checked",
+        ],
+    },
 ]
 
 INTRO = """\
@@ -616,6 +711,11 @@ correction has no row. Each test says whether it runs by default: TRL tests (and
 default suite (TRL 1.16 is the `[trl]` extra); verl tests are opt-in, `pytest -m slow <file>`, and build
 `.venv-verl` (verl 0.9.1 and its pins) on their first run, which needs a package index; a fresh checkout has
 none, so without that run the verl rows are backed by tests that were skipped.
+
+The rows marked "open PR" are objectives that no released TRL or verl has: they come from pull requests, and each
+row names the PR and the head commit whose code computed the numbers the tests compare with
+(`tests/fixtures/open_prs/`, float64, run outside the repository). If the PR changes before it merges, or merges
+under another name or option set, those rows are where tepo may move.
 """
 
 

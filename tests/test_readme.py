@@ -1,5 +1,5 @@
-"""README.md, checked: the two set-up commands first (and .ci/run running the second's test command), at most 400
-lines, a table of contents whose links all land, the preset, loss and estimator tables exactly what the CLI prints,
+"""README.md, checked: the two set-up commands first (and .ci/run running the second's test command), at most 330
+lines besides the generated tables, a table of contents whose links all land, the preset, loss and estimator tables exactly what the CLI prints,
 every repository path it names existing, a LICENSE matching pyproject.toml, and a citation block."""
 
 from __future__ import annotations
@@ -41,8 +41,12 @@ def test_the_readme_starts_with_the_two_setup_commands_and_ci_runs_the_second():
     assert "bash scripts/install.sh" in ci and ".venv/bin/python -m pytest" in ci
 
 
-def test_at_most_400_lines():
-    assert len(_text().splitlines()) <= 400
+def test_at_most_330_lines_besides_the_generated_tables():
+    """The hand-written text stays short; the generated tables grow by a row with each registered name (every one
+    must have its row, below), so their rows do not count."""
+    text = _text()
+    table_rows = sum(len(table.splitlines()) for _, table in _table_script().generated_tables(text))
+    assert len(text.splitlines()) - table_rows <= 330
 
 
 def test_the_contents_link_every_later_section_and_every_anchor_lands():

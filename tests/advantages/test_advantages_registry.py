@@ -70,7 +70,9 @@ def test_builtin_declarations():
         "reinforce_plus_plus",
         "optimal_token_baseline",
         "tir_optimal_token_baseline",
+        "codapo",
     ]
+    assert estimator_requires("codapo") == {"old_logp", "mask"}
 
 
 def test_estimator_requires_rejects_bad_names_and_options():

@@ -73,7 +73,21 @@ def _reference(trainer, batch, name, num_tokens, **options):
 
 @pytest.mark.parametrize(
     ("name", "options"),
-    [("tepo", {}), ("grpo", {}), ("gspo", {"eps": 0.1}), ("cispo", {}), ("tepo", {"entropy_coef": 0.01})],
+    [
+        ("tepo", {}),
+        ("grpo", {}),
+        ("gspo", {"eps": 0.1}),
+        ("cispo", {}),
+        ("tepo", {"entropy_coef": 0.01}),
+        # The objectives of open TRL / verl pull requests: stare (the entropy it requires) and fipo (its own token
+        # count) by default, the rest under -m slow (each adds a forward and backward pass of the model).
+        ("stare", {"H_tgt": 100.0}),  # gate on: the reweighting is in the gradient
+        ("fipo", {}),
+        pytest.param("up", {"dual_clip": 3.0}, marks=pytest.mark.slow),
+        pytest.param("cppo", {}, marks=pytest.mark.slow),
+        pytest.param("topr", {}, marks=pytest.mark.slow),
+        pytest.param("dapo_zv", {}, marks=pytest.mark.slow),
+    ],
 )
 def test_adapter_loss_and_grad_equal_compute_policy_loss(fixed_trainer, name, options):
     trainer = fixed_trainer

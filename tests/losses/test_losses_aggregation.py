@@ -10,6 +10,7 @@ import torch
 from loss_cases import random_loss_inputs, stats_of
 from tepo.losses import (
     AGG_MODES,
+    POLICY_LOSSES,
     aggregate,
     compute_policy_loss,
     list_policy_losses,
@@ -96,7 +97,8 @@ def _options_for_invariance(name, batch):
         "clip_cov": {"clip_cov_ratio": 0.5, "clip_cov_lb": -0.3, "clip_cov_ub": 0.3, "seed": 3},
         "kl_cov": {"kl_cov_ratio": 0.3},
     }.get(name, {})
-    stats = stats_of(name, batch, **options)
+    extra = [key for key in ("entropy",) if key in POLICY_LOSSES[name].requires]
+    stats = stats_of(name, batch, *extra, **options)
     return {**options, **({} if stats is None else {"batch_stats": stats})}
 
 

@@ -145,7 +145,7 @@ def test_micro_batches_with_weights_sum_to_the_mini_batch(name):
     }
     stats = None
     if get_policy_loss(name).needs_batch_stats:
-        stats = stats_of(name, batch, **options)
+        stats = stats_of(name, batch, *get_policy_loss(name).requires, **options)
 
     def run(rows):
         logp = batch["logp"][rows].clone().requires_grad_(True)

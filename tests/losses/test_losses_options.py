@@ -63,7 +63,9 @@ def test_dual_clip_is_off_by_default_and_a_no_op_below_c():
 
 @pytest.mark.parametrize("name", ["tepo", "gspo", "cispo", "sapo", "luspo", "clip_cov"])
 def test_dual_clip_is_refused_where_it_does_not_apply(name):
-    with pytest.raises(ValueError, match="dual_clip applies only to policy losses grpo, dapo, dr_grpo;"):
+    with pytest.raises(
+        ValueError, match="dual_clip applies only to policy losses grpo, dapo, dr_grpo, up, stare;"
+    ):
         compute_policy_loss(name, **batch(), dual_clip=3.0)
 
 

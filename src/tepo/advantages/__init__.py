@@ -22,6 +22,7 @@ from tepo.advantages import group, token_level  # noqa: F401
 from tepo.advantages import ep_grpo  # noqa: F401  (after ERPO, the papers' order)
 from tepo.advantages import group_baselines  # noqa: F401  (after the TEPO papers' estimators)
 from tepo.advantages import frameworks  # noqa: F401  (verl's other estimators, issue #39)
+from tepo.advantages import codapo  # noqa: F401  (an open verl pull request, docs/parity.md)
 
 # isort: on
 from tepo.advantages.compute import compute_advantages

@@ -141,6 +141,11 @@ def _trl_loss(args: Any, problems: list[str]) -> tuple[str, dict[str, Any]] | No
     return name, options
 
 
+# Losses whose own ``delta`` option is TRL's ``delta`` (the cap on the unclipped ratio); dppo_kl's delta is another
+# quantity (a KL threshold).
+TRL_DELTA_LOSSES = ("up", "stare", "dapo_zv")
+
+
 def _effective(name: str, options: dict[str, Any]) -> dict[str, Any]:
     """The loss's own options with their defaults filled in (``eps`` expanded), and its aggregation."""
     spec = get_policy_loss(name)
@@ -258,6 +263,8 @@ def plan_loss(args: Any, loss_name: str | None, loss_options: dict[str, Any]) ->
     if delta is not None:
         if source == "trl" and loss_type not in CLIPPED_TYPES:
             problems.append(f"delta={delta}: TRL ignores delta for loss_type={loss_type!r}; unset it")
+        elif name in TRL_DELTA_LOSSES:
+            _set_once(options, "delta", float(delta), "delta", problems)
         elif "dual_clip" not in valid_options(spec):
             problems.append(
                 f"delta={delta} (TRL's two-sided clipping) maps to dual_clip, which loss {name!r} does not take "

@@ -145,6 +145,31 @@ class TepoPolicyLossConfig(PolicyLossConfig):
     top_entropy_quantile: float | None = None
     m2po_threshold: float | None = None
     cap: float | None = None  # cispo / cispo_seq: the IS weight's ceiling in place of 1 + eps_high
+    # The objectives of open TRL / verl pull requests (up, cppo, topr, stare, fipo, dapo_zv).
+    log_ratio_clamp: float | None = None
+    w_min: float | None = None
+    delta_b: float | None = None
+    delta_b_q: float | None = None
+    delta_b_k: float | None = None
+    tis_cap: float | None = None
+    value_form: str | None = None
+    horizon: int | None = None
+    lower: float | None = None
+    upper: float | None = None
+    seq_ratio: str | None = None
+    variant: str | None = None
+    p: float | None = None
+    W: float | None = None
+    M: float | None = None
+    H_tgt: float | None = None
+    batch_entropy: float | None = None
+    k_rounding: str | None = None
+    clip_ratio_c: float | None = None
+    decay_rate: float | None = None
+    influence_clip: float | None = None
+    high_only: bool | None = None
+    safety_threshold: float | None = None
+    tol: float | None = None
 
     def __post_init__(self) -> None:
         name = tepo_loss_name(self.loss_mode)
@@ -205,8 +230,12 @@ def _count(info: dict, key: str) -> float | None:
     return float(value.item() if hasattr(value, "item") else value)
 
 
-def _needs_entropy(options: dict[str, Any]) -> bool:
-    return bool(options.get("tepo_kl_mask_coef")) or options.get("top_entropy_quantile") is not None
+def _needs_entropy(name: str, options: dict[str, Any]) -> bool:
+    return (
+        bool(options.get("tepo_kl_mask_coef"))
+        or options.get("top_entropy_quantile") is not None
+        or "entropy" in get_policy_loss(name).requires
+    )
 
 
 def make_verl_loss(name: str):
@@ -239,9 +268,17 @@ def make_verl_loss(name: str):
         token_tensors = _TOKEN_TENSORS.get() or {}
         if rollout_log_probs is None:  # verl 0.9.1's ppo_loss does not pass them: `tepo_ppo_loss` does
             rollout_log_probs = token_tensors.get("rollout_logp")
-        if options.get("top_entropy_quantile") is not None and token_tensors.get("entropy") is None:
+        if (
+            _needs_entropy(name, options)
+            and token_tensors.get("entropy") is None
+            and not options.get("tepo_kl_mask_coef")
+        ):
+            quantile = options.get("top_entropy_quantile")
+            why = (
+                f"policy_loss.top_entropy_quantile={quantile!r}" if quantile is not None else f"loss {name!r}"
+            )
             raise ValueError(
-                f"policy_loss.top_entropy_quantile={options['top_entropy_quantile']!r} needs the current policy's "
+                f"{why} needs the current policy's "
                 f"per-token entropy, which did not reach loss {name!r}: the actor loss must be "
                 "tepo.integrations.verl.tepo_ppo_loss (see tepo.integrations.verl_workers), with "
                 "actor_rollout_ref.actor.calculate_entropy=True"
@@ -267,7 +304,7 @@ def make_verl_loss(name: str):
             mask=response_mask,
             num_tokens=None if tokens is None else tokens / dp_size,
             is_weights=None if rollout_is_weights is None else rollout_is_weights.detach(),
-            entropy=token_tensors.get("entropy") if _needs_entropy(options) else None,
+            entropy=token_tensors.get("entropy") if _needs_entropy(name, options) else None,
             old_entropy=token_tensors.get("old_entropy") if options.get("tepo_kl_mask_coef") else None,
             rollout_logp=None if rollout_log_probs is None else rollout_log_probs.detach(),
             **options,

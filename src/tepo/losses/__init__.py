@@ -22,6 +22,10 @@ from tepo.losses import token_ratio, sequence_ratio, covariance  # noqa: F401
 from tepo.losses import soft_weight, divergence_mask  # noqa: F401
 from tepo.losses import plain_gradient  # noqa: F401  (verl's gpg and dro, issue #39)
 
+# Objectives of open TRL / verl pull requests (docs/parity.md names each head commit).
+from tepo.losses import unbounded_positive, trust_budget, tapered  # noqa: F401
+from tepo.losses import surprisal_weight, future_kl, zero_variance  # noqa: F401
+
 # isort: on
 from tepo.losses.aggregation import AGG_MODES, aggregate
 from tepo.losses.batch_stats import mini_batch_stats, needs_mini_batch_stats
@@ -43,6 +47,8 @@ from tepo.losses.rollout_correction import (
     rollout_correction_weights,
     rollout_mismatch_metrics,
 )
+from tepo.losses.surprisal_weight import StareStats
+from tepo.losses.token_count import TokenCount
 
 __all__ = [
     "AGG_MODES",
@@ -52,6 +58,8 @@ __all__ = [
     "CovStats",
     "LossInputs",
     "PolicyLossSpec",
+    "StareStats",
+    "TokenCount",
     "aggregate",
     "compute_policy_loss",
     "describe",

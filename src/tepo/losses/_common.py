@@ -212,3 +212,30 @@ def optional_number(name: str, value: float | None) -> float | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number or None (off), got {value!r}")
     return float(value)
+
+
+def masked_min_value(values: torch.Tensor, valid: torch.Tensor, empty: float = 0.0) -> float:
+    """Smallest of ``values`` over ``valid`` as a python float (``empty`` when nothing is valid); for metrics."""
+    top = masked_max_value(-values, valid, empty=-empty)
+    if isinstance(top, DeferredValue):
+        finish = top.finish
+        return DeferredValue(top.tensors, lambda v: -finish(v))
+    return -top
+
+
+def clamped_log_ratio(inputs: LossInputs, clamp: float | None) -> torch.Tensor:
+    """``logp - old`` clamped to ``[-clamp, clamp]`` (verl clamps at 20 before every ``exp``); None: unclamped."""
+    log_ratio = token_log_ratio(inputs)
+    return log_ratio if clamp is None else log_ratio.clamp(-clamp, clamp)
+
+
+def check_range(
+    name: str, value: float, *, low: float, high: float | None = None, open_low=False, open_high=False
+):
+    """Refuse ``value`` outside ``[low, high]`` (ends open where asked) with one message naming the range."""
+    below = value <= low if open_low else value < low
+    above = high is not None and (value >= high if open_high else value > high)
+    if below or above:
+        lo = "(" if open_low else "["
+        hi = "inf)" if high is None else f"{high:g}" + (")" if open_high else "]")
+        raise ValueError(f"{name} must be in {lo}{low:g}, {hi}, got {value}")

@@ -69,9 +69,12 @@ def _split_options(spec: PolicyLossSpec, options: dict[str, Any]) -> tuple[dict[
             raise ValueError(f"policy loss {spec.name!r}: pass either eps or {' and '.join(given)}, not both")
         own["eps_low"] = own["eps_high"] = options["eps"]
     for key, value in own.items():
+        if value is None and key in spec.nullable:
+            continue
         if isinstance(spec.defaults[key], float) and not _is_finite_number(value):
+            off = " or None (off)" if key in spec.nullable else ""
             raise ValueError(
-                f"option {key} of policy loss {spec.name!r} must be a finite number, got {value!r}"
+                f"option {key} of policy loss {spec.name!r} must be a finite number{off}, got {value!r}"
             )
     common = {**COMMON_OPTIONS, **{k: v for k, v in options.items() if k in COMMON_OPTIONS}}
     for key in ("entropy_coef", "kl_coef", "tepo_kl_mask_coef"):

@@ -10,6 +10,8 @@ and adds the regularizers, so a loss never deals with either.
 from __future__ import annotations
 
 import inspect
+import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -38,6 +40,8 @@ class PolicyLossSpec:
     # of ``fn`` that receives them. None for losses whose per-token terms need nothing beyond their own rows.
     batch_stats: Callable[..., Any] | None = None
     batch_stats_option: str | None = None
+    # Options whose default is a number but that also take None (off): their annotation includes None.
+    nullable: frozenset = frozenset()
 
     @property
     def summary(self) -> str:
@@ -60,6 +64,21 @@ class PolicyLossSpec:
 
 
 POLICY_LOSSES: dict[str, PolicyLossSpec] = {}
+
+
+def _allows_none(annotation: Any) -> bool:
+    """True when a parameter's annotation (a string under ``from __future__ import annotations``) admits None."""
+    if annotation is inspect.Parameter.empty:
+        return False
+    if isinstance(annotation, str):
+        parts = re.split(r"[|\[\],]", annotation)
+        return any(part.strip().rsplit(".", 1)[-1] in ("None", "Optional") for part in parts)
+    return annotation is None or type(None) in typing.get_args(annotation)
+
+
+def _nullable_options(fn: LossFn) -> frozenset:
+    params = list(inspect.signature(fn).parameters.values())[1:]
+    return frozenset(p.name for p in params if _allows_none(p.annotation))
 
 
 def _options_of(fn: LossFn, name: str) -> dict[str, Any]:
@@ -121,6 +140,7 @@ def register_policy_loss(
             requires=tuple(requires),
             batch_stats=batch_stats,
             batch_stats_option=batch_stats_option,
+            nullable=_nullable_options(fn),
         )
         return fn
 

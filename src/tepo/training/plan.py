@@ -63,7 +63,8 @@ def mini_batch_stats_pass(loss: str, options: dict) -> MiniBatchStatsPass | None
     if not needs_mini_batch_stats(loss, options):
         return None
     return MiniBatchStatsPass(
-        entropy=options.get("top_entropy_quantile") is not None,
+        entropy=options.get("top_entropy_quantile") is not None
+        or "entropy" in get_policy_loss(loss).requires,
         loss_statistics=get_policy_loss(loss).needs_batch_stats,
     )
 
