@@ -135,7 +135,7 @@ def test_the_update_phase_creates_no_tensor_without_a_device(one_torch_thread):
     from tepo.advantages import compute_advantages
     from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
     from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
-    from tepo.training.update import UpdatePlan, UpdateSettings
+    from tepo.training.plan import UpdatePlan, UpdateSettings
 
     groups, g, p, t = 2, 3, 3, 4
     n = groups * g

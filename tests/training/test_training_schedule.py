@@ -13,8 +13,9 @@ from helpers import tiny_llama
 from tepo.config import load_config
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings
+from tepo.training.plan import UpdatePlan, UpdateSettings
 from tepo.training.schedule import lr_factor, updates_per_step
-from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
+from tepo.training.update import RowTensors, update_policy
 
 
 def test_lr_factor_closed_form():
@@ -93,7 +94,7 @@ def test_a_skipped_update_still_advances_the_schedule(monkeypatch):
         plan,
         generator=torch.Generator().manual_seed(0),
     )
-    assert (out["update/skipped_updates"], out["update/optimizer_updates"]) == (1, 1)
+    assert (out.metrics["update/skipped_updates"], out.metrics["update/optimizer_updates"]) == (1, 1)
     # Two planned updates (one per group): warm-up factor (2 + 1) / 4 whether or not the first was applied.
     assert scheduler.last_epoch == 2
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.75)

@@ -151,7 +151,6 @@ class Trainer:
         optimizer, scheduler = self._setup_optimizer(model, resume)
         self.parts = build_step_parts(
             c,
-            self.plan,
             model=model,
             ref_model=ref_model,
             optimizer=optimizer,
@@ -162,7 +161,7 @@ class Trainer:
             device=self.device,
             run_dir=self.run_dir,
         )
-        if (budget := self.parts.logprob_settings.micro_batch_tokens) is not None:
+        if (budget := self.plan.update.passes.micro_batch_tokens) is not None:
             log(
                 f"micro-batches: rows sorted by length, at most {budget} computed tokens each "
                 "(train.micro_batch_tokens)"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from tepo.losses import compute_policy_loss, mini_batch_stats
+from tepo.losses import mini_batch_stats
 from tepo.losses._common import deferred_metrics, resolve_values
 from tepo.losses.rollout_correction import (
     CorrectionTokens,
@@ -32,18 +32,10 @@ from tepo.metrics.names import in_group
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, held_attention, release_free_heap, rows_logprobs
 from tepo.training.micro_batches import RowLengths, split_rows
-from tepo.training.plan import RolloutCorrection, UpdatePlan, UpdateSettings
+from tepo.training.plan import RolloutCorrection, UpdatePlan
 from tepo.training.schedule import advance_schedule
 
-# The plan's types, importable from here as before they moved to tepo.training.plan (#45).
-__all__ = [
-    "RolloutCorrection",
-    "RowTensors",
-    "UpdatePlan",
-    "UpdateSettings",
-    "minibatch_rows",
-    "update_policy",
-]
+__all__ = ["RowTensors", "UpdateResult", "minibatch_rows", "update_policy"]
 
 
 def minibatch_rows(
@@ -180,11 +172,43 @@ class _MicroResult:
     written: tuple | None  # (rows, cols) of token_entropy / token_logp written by this micro-batch
 
 
-class _HostResults(list):
+@dataclass(frozen=True)
+class _MicroValues:
+    """One micro-batch's values read to the host: its finite flag, loss, loss-mask tokens, entropy sum, metrics."""
+
+    finite: bool
+    loss: float
+    tokens: float
+    entropy_sum: float
+    metrics: dict
+
+
+@dataclass(frozen=True)
+class _HostValues:
+    """A mini-batch's values read to the host in one transfer: each micro-batch's, and the gradient norm."""
+
+    micro: list[_MicroValues]
     grad_norm: float
 
 
-def _read_once(pending: list[_MicroResult], grad_norm: Tensor) -> _HostResults:
+@dataclass(frozen=True)
+class UpdateResult:
+    """What :func:`update_policy` hands the step.
+
+    ``metrics``: named in the ``update/`` group (the loss's, token-weighted over the applied micro-batches;
+    ``update/grad_norm``, ``update/optimizer_updates``, ``update/skipped_updates``; ``update/padding_share``: the
+    share of the tokens the update's forward passes computed that were padding). ``token_entropy`` /
+    ``token_logp``: the epoch-0 (pre-update) policy's per-token entropy and log-probs ``[N, T]``.
+    ``correction_metrics``: with an in-update correction, the metrics of the weights it computed over the whole
+    batch; None otherwise."""
+
+    metrics: dict
+    token_entropy: Tensor
+    token_logp: Tensor
+    correction_metrics: dict | None = None
+
+
+def _read_once(pending: list[_MicroResult], grad_norm: Tensor) -> _HostValues:
     """Every micro-batch's flag, loss, counts and metrics, and the gradient norm, as python values in one read."""
     flat, keys = [grad_norm], []
     for r in pending:
@@ -192,23 +216,13 @@ def _read_once(pending: list[_MicroResult], grad_norm: Tensor) -> _HostResults:
         keys.append(names)
         flat.extend([r.finite, r.loss, r.tokens, r.entropy_sum, *(r.metrics[k] for k in names)])
     values = resolve_values(flat)
-    out = _HostResults()
-    out.grad_norm = values[0]
-    i = 1
+    micro, i = [], 1
     for names in keys:
         finite, loss, tokens, entropy_sum = values[i : i + 4]
         metrics = dict(zip(names, values[i + 4 : i + 4 + len(names)]))
         i += 4 + len(names)
-        out.append(
-            {
-                "finite": bool(finite),
-                "loss": loss,
-                "tokens": tokens,
-                "entropy_sum": entropy_sum,
-                "metrics": metrics,
-            }
-        )
-    return out
+        micro.append(_MicroValues(bool(finite), loss, tokens, entropy_sum, metrics))
+    return _HostValues(micro, values[0])
 
 
 @dataclass
@@ -224,9 +238,8 @@ class _UpdateTotals:
     grad_norms: list = field(default_factory=list)
     updates: int = 0
     skipped: int = 0
-    correction: CorrectionTokens | None = (
-        None  # plan.correction's tokens, put together micro-batch by micro-batch
-    )
+    # plan.correction's tokens, put together micro-batch by micro-batch
+    correction: CorrectionTokens | None = None
     computed_tokens: int = 0
     real_tokens: int = 0
 
@@ -234,23 +247,24 @@ class _UpdateTotals:
     def attempts(self) -> int:
         return self.updates + self.skipped
 
-    def fold(self, pending: list[_MicroResult], host: _HostResults) -> bool:
-        """Add one mini-batch's micro-batches (read to the host); True when its update is to be applied."""
-        # The step's micro-batches up to the first non-finite loss count, as when the loop stopped there.
-        first_bad = next((i for i, r in enumerate(host) if not r["finite"]), None)
+    def fold(self, pending: list[_MicroResult], host: _HostValues) -> bool:
+        """Add one mini-batch's micro-batches (read to the host); True when its update is to be applied.
+
+        The early-stop rule: a mini-batch with a non-finite loss in any micro-batch is not applied, and it counts
+        as if it had stopped at that micro-batch: the metrics take the micro-batches before the first non-finite
+        one, and the pre-update token views of those after it stay 0 (the non-finite one's own are kept)."""
+        first_bad = next((i for i, r in enumerate(host.micro) if not r.finite), None)
         finite = first_bad is None
         sums, counts = self.sums, self.counts
-        for r in host[: len(host) if finite else first_bad]:
-            tokens = r["tokens"]
-            sums["loss"] += r["loss"]
-            for key, value in r["metrics"].items():
+        for r in host.micro[: len(host.micro) if finite else first_bad]:
+            sums["loss"] += r.loss
+            for key, value in r.metrics.items():
                 if isinstance(value, int | float) and key != "loss":
-                    sums[key] += value * tokens
-                    counts[key] += tokens
-            sums["entropy_mean"] += r["entropy_sum"]
-            counts["entropy_mean"] += tokens
+                    sums[key] += value * r.tokens
+                    counts[key] += r.tokens
+            sums["entropy_mean"] += r.entropy_sum
+            counts["entropy_mean"] += r.tokens
         if not finite:
-            # The loop used to stop at the first non-finite loss, leaving later rows' token views at 0.
             for r in pending[first_bad + 1 :]:
                 if r.written is not None:
                     self.token_entropy[r.written[0], r.written[1]] = 0.0
@@ -263,8 +277,8 @@ class _UpdateTotals:
         self.skipped += 1
         return False
 
-    def result(self, batch: RolloutBatch) -> dict:
-        """The metrics :func:`update_policy` returns (see there)."""
+    def result(self, batch: RolloutBatch) -> UpdateResult:
+        """What :func:`update_policy` returns (:class:`UpdateResult`)."""
         sums, counts, norms = self.sums, self.counts, self.grad_norms
         # The loss's metrics by the names the loss gives them, in the update's group (update/clip_frac_high).
         out = in_group("update", {key: sums[key] / counts[key] for key in counts if counts[key] > 0})
@@ -275,11 +289,10 @@ class _UpdateTotals:
         out["update/skipped_updates"] = self.skipped
         if self.computed_tokens:
             out["update/padding_share"] = 1.0 - self.real_tokens / self.computed_tokens
+        correction = None
         if self.correction is not None:
-            out["correction_metrics"] = rollout_correction_metrics(self.correction, batch.response_mask)
-        out["token_entropy"] = self.token_entropy
-        out["token_logp"] = self.token_logp
-        return out
+            correction = rollout_correction_metrics(self.correction, batch.response_mask)
+        return UpdateResult(out, self.token_entropy, self.token_logp, correction)
 
 
 def update_policy(
@@ -292,13 +305,9 @@ def update_policy(
     *,
     generator: torch.Generator,
     after_optimizer_step: Callable[[], None] = lambda: None,
-) -> dict:
-    """Run every optimizer update of one step; returns its metrics, named in the ``update/`` group (the loss's,
-    token-weighted over the applied micro-batches; ``update/grad_norm``, ``update/optimizer_updates``,
-    ``update/skipped_updates``; ``update/padding_share``: the share of the tokens the update's forward passes
-    computed that were padding) and, as ``token_entropy`` and
-    ``token_logp``, the epoch-0 (pre-update) policy's per-token entropy and log-probs ``[N, T]``; with
-    ``plan.correction``, ``correction_metrics``: the metrics of the weights it computed, over the whole batch.
+) -> UpdateResult:
+    """Run every optimizer update of one step; returns its metrics and the pre-update policy's per-token views
+    (:class:`UpdateResult`).
 
     ``tensors`` holds every per-row tensor (:class:`RowTensors`); ``plan`` the loss, the passes' numerics and
     micro-batch layout, and an in-loop rollout correction (:class:`UpdatePlan`). The LR schedule follows planned
@@ -377,7 +386,6 @@ def _micro_step(
     """One micro-batch: its forward pass with a graph, its loss (normalised by the mini-batch's counts) and the
     backward that accumulates its gradient; its values stay on the device. Epoch 0 also writes the pre-update
     token views and the in-loop correction's tokens into ``totals``."""
-    settings = plan.settings
     if on_cpu:
         # glibc's heap only; on a GPU the activations live in CUDA's allocator and the trim would only cost host
         # time between kernel launches.
@@ -396,8 +404,7 @@ def _micro_step(
         token_weights = tokens.weights
         if first_epoch:
             totals.correction = _place(totals.correction, tokens, (micro, cols), tensors.mask.shape)
-    loss, metrics = compute_policy_loss(
-        settings.loss,
+    loss, metrics = plan.loss(
         logp=logp,
         old_logp=old,
         advantages=part.advantages,
@@ -408,11 +415,9 @@ def _micro_step(
         old_entropy=old_ent,
         num_tokens=mini.num_tokens,
         num_seqs=float(len(mini.rows)),
-        max_len=settings.max_len,
         is_weights=token_weights,
         batch_stats=None if stats is None else stats.rows(mini.positions[micro], cols),
         rollout_logp=part.rollout_logp,
-        **settings.loss_options,
     )
     # A non-finite loss still runs its backward (its gradients are dropped with the step, by _UpdateTotals.fold);
     # only its flag is kept, so the check costs no sync here.
