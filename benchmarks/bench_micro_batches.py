@@ -71,7 +71,7 @@ def worker(args) -> dict:
     from tepo.training.logprob_pass import LogprobSettings
     from tepo.training.micro_batches import RowLengths, split_rows
     from tepo.training.plan import UpdatePlan, UpdateSettings
-    from tepo.training.trainer import _enable_activation_checkpointing as enable_activation_checkpointing
+    from tepo.training.setup import enable_activation_checkpointing
     from tepo.training.update import RowTensors, update_policy
 
     torch.set_num_threads(args.threads)

@@ -269,7 +269,7 @@ def test_bf16_weights_are_refused_on_the_cpu():
     with pytest.raises(ConfigError, match=r"model\.dtype: expected float32 or bfloat16"):
         load_config(None, ["model.dtype=fp16"])
     if not torch.cuda.is_available():  # auto resolves to the CPU here: refused when the run starts
-        from tepo.training.trainer import run_device
+        from tepo.training.setup import run_device
 
         with pytest.raises(ConfigError, match=r"model\.dtype=bfloat16"):
             run_device(load_config(None, ["model.dtype=bfloat16"]))

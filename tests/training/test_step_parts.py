@@ -14,7 +14,7 @@ import tepo.training.update as update_module
 from tepo.config import load_config
 from tepo.data import Problem, PromptStream
 from tepo.losses.rollout_correction import rollout_correction_weights
-from tepo.metrics.names import in_group
+from tepo.metrics.catalogue import in_group
 from tepo.rewards import MathRewardPool
 from tepo.rollout.hf import HFRollout
 from tepo.training.overlap import RolloutPrefetch

@@ -172,7 +172,12 @@ def _reward_errors(c: RunConfig) -> list[str]:
 
 def _advantage_errors(c: RunConfig) -> list[str]:
     """Checks of the estimator against what it declares in the registry (never against its name)."""
-    from tepo.advantages import ADVANTAGE_ESTIMATORS, TENSOR_INPUTS, estimator_requires
+    from tepo.advantages import (
+        ADVANTAGE_ESTIMATORS,
+        TENSOR_INPUTS,
+        estimator_requires,
+        zero_log_ratio_problem,
+    )
     from tepo.rewards import parse_reward_functions
 
     name, options = c.algorithm.advantage, c.algorithm.advantage_options
@@ -217,27 +222,12 @@ def _advantage_errors(c: RunConfig) -> list[str]:
         return errors
     try:
         _dry_run_advantages(c)
-        needs = estimator_requires(name, options)
+        problem = zero_log_ratio_problem(name, options)
     except ValueError as err:
         errors.append(f"algorithm.advantage_options: {err}")
         return errors
-    if {"logp", "old_logp"} <= needs:
-        # The built-in trainer computes advantages once per rollout, before the first update, so the policy's
-        # log-probs and the old policy's are one tensor: a signal built from their difference is always 0.
-        defaults = ADVANTAGE_ESTIMATORS[name].defaults
-        changed = {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
-        fix = (
-            f" Drop {', '.join(f'{k}={v!r}' for k, v in changed.items())}: with the defaults {name!r} does not "
-            "read old_logp."
-            if changed and not {"logp", "old_logp"} <= estimator_requires(name, {})
-            else ""
-        )
-        errors.append(
-            f"algorithm.advantage_options: {name!r} with these options compares logp with old_logp, but the "
-            "trainer computes advantages from the pre-update policy (once per rollout, before any update), so "
-            "it passes the same tensor as both: their difference is exactly 0 at every step and that term "
-            f"would silently do nothing.{fix}"
-        )
+    if problem is not None:
+        errors.append(f"algorithm.advantage_options: {problem}")
     return errors
 
 

@@ -19,14 +19,15 @@ from torch import Tensor
 
 from tepo.advantages import compute_advantages
 from tepo.advantages.filtering import all_equal_group_stats
+from tepo.logprobs import TokenLogprobs
 from tepo.lora import scoring
 from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
-from tepo.metrics.names import in_group
+from tepo.metrics.catalogue import in_group
 from tepo.metrics.tokens import record_step_samples
 from tepo.rewards.shaping import mask_truncated
 from tepo.rollout.base import RolloutBatch
 from tepo.training.collect import Collected, collect_rollouts
-from tepo.training.logprob_pass import TokenLogprobs, batch_logprobs
+from tepo.training.logprob_pass import batch_logprobs
 from tepo.training.parts import StepParts
 from tepo.training.plan import StepPlan
 from tepo.training.schedule import advance_schedule

@@ -28,7 +28,7 @@ from tepo.losses.rollout_correction import (
     rollout_correction_metrics,
     rollout_correction_tokens,
 )
-from tepo.metrics.names import in_group
+from tepo.metrics.catalogue import in_group
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, held_attention, release_free_heap, rows_logprobs
 from tepo.training.micro_batches import RowLengths, split_rows
@@ -116,7 +116,7 @@ def _rows_logprobs_no_grad(
     size = sum(len(micro) for micro in mini.micro_batches)
     out = ent_out = None
     for micro in mini.micro_batches:
-        logp, ent, cols = rows_logprobs(model, batch, micro, settings, entropy=entropy, grad=False)
+        (logp, ent, _), cols = rows_logprobs(model, batch, micro, settings, entropy=entropy, grad=False)
         if out is None:  # float32, or float64 for a float64 model
             out = torch.zeros(size, batch.response_len, dtype=logp.dtype, device=batch.response_mask.device)
             ent_out = torch.zeros_like(out) if entropy else None
@@ -390,7 +390,7 @@ def _micro_step(
         # glibc's heap only; on a GPU the activations live in CUDA's allocator and the trim would only cost host
         # time between kernel launches.
         release_free_heap()
-    logp, ent, cols = rows_logprobs(model, batch, micro, plan.passes, entropy=True, grad=True)
+    (logp, ent, _), cols = rows_logprobs(model, batch, micro, plan.passes, entropy=True, grad=True)
     first_epoch = mini.epoch == 0
     if first_epoch:
         totals.token_entropy[micro, cols] = ent.detach().float()
