@@ -237,7 +237,7 @@ def zero_log_ratio_problem(name: str, options: Mapping[str, Any] | None = None) 
         else ""
     )
     return (
-        f"{name!r} with these options compares logp with old_logp, but advantages are computed from the "
+        f"{name!r} with these options compares logp with old_logp, but the trainer computes advantages from the "
         "pre-update policy (once per rollout, before any update), where the two are the same tensor: their "
         f"difference is exactly 0 at every step and that term would silently do nothing.{fix}"
     )

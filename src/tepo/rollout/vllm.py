@@ -144,6 +144,11 @@ class VLLMRollout:
                 device.type, kv_cache_gb=kv_cache_gb, gpu_memory_utilization=gpu_memory_utilization
             ),
         }
+        self._start(python, options, device, own_core)
+        self._await_ready(startup_timeout_s)
+
+    def _start(self, python: str, options: dict, device, own_core: bool) -> None:
+        """Start the server on its cores (and the trainer's GPU), its log where :meth:`__init__` put it."""
         env = server_env(engine_cores(own_core))
         if device.type == "cuda":  # the trainer's GPU (tepo.device)
             env["CUDA_VISIBLE_DEVICES"] = visible_device_for_child(device)
@@ -156,7 +161,6 @@ class VLLMRollout:
             temporary_log=self._temporary_log,
             request_timeout_s=self.request_timeout_s,
         )
-        self._await_ready(startup_timeout_s)
 
     def _await_ready(self, startup_timeout_s: float) -> None:
         """Wait for the server's "ready" and keep what it says of the engine; on failure leave nothing behind."""
