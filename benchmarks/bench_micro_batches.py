@@ -70,8 +70,9 @@ def worker(args) -> dict:
     from tepo.precision import native_bf16
     from tepo.training.logprob_pass import LogprobSettings
     from tepo.training.micro_batches import RowLengths, split_rows
-    from tepo.training.trainer import _enable_activation_checkpointing as enable_activation_checkpointing
-    from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
+    from tepo.training.plan import UpdatePlan, UpdateSettings
+    from tepo.training.setup import enable_activation_checkpointing
+    from tepo.training.update import RowTensors, update_policy
 
     torch.set_num_threads(args.threads)
     config = load_config("default", [])

@@ -117,7 +117,7 @@ def main(argv=None) -> None:
 
     from tepo.models import load_model_and_tokenizer
     from tepo.precision import native_bf16
-    from tepo.training.trainer import _enable_activation_checkpointing as enable_activation_checkpointing
+    from tepo.training.setup import enable_activation_checkpointing
 
     autocast = native_bf16("cpu").native
     model, tokenizer = load_model_and_tokenizer(None)

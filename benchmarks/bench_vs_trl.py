@@ -170,7 +170,7 @@ def _ours_worker(args, workload: dict) -> dict:
         extra = OUR_VARIANTS[args.worker]
         config = load_config("tepo", our_overrides(workload, tmp) + extra + list(args.override or []))
         start = time.perf_counter()
-        trainer = Trainer(config, Path(tmp) / "bench", log=lambda *_: None)
+        trainer = Trainer(config, Path(tmp) / "bench", log=lambda *_: None).setup()
         if args.worker in KEEPS_REFERENCE_COPY:
             from tepo.models import load_model_and_tokenizer
 
@@ -335,7 +335,7 @@ def _trl_worker(args, workload: dict) -> dict:
             processing_class=tokenizer,
             callbacks=[StepTimer()],
             peft_config=peft_config,
-        )
+        ).setup()
         load_seconds = time.perf_counter() - start
         rss_after_load = current_rss_mb()
         try:
@@ -353,7 +353,7 @@ def worker_main(args) -> None:
     if args.threads and not overlapped:
         # The vLLM server computes on as many cores as the trainer does (they never compute at the same time).
         # Overlapped, the engine samples *while* the trainer updates, so it takes a core of its own
-        # (tepo.rollout.vllm.engine_cores) and the trainer keeps to the others: this side uses one more core.
+        # (tepo.rollout.vllm_launch.engine_cores) and the trainer keeps to the others: this side uses one more core.
         cores = sorted(os.sched_getaffinity(0))[: args.threads]
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
     workload = json.loads(args.workload)

@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from tepo.models import embedded_model_dir, load_model_and_tokenizer
-from tepo.rollout.vllm import VLLMRollout, weights_bytes, write_weights
+from tepo.rollout.vllm import VLLMRollout
+from tepo.rollout.weight_sync import weights_bytes, write_weights
 
 DISK = Path(__file__).resolve().parents[1] / ".sync_measure_tmp"
 

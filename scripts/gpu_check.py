@@ -160,42 +160,69 @@ def run_check(kit: Path, out: Path, *, cpu: bool) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
 
+class _Report:
+    """The check's report: each line printed as it comes and kept for report.txt; the failed checks."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.failures: list[str] = []
+
+    def say(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def check(self, ok: bool, what: str) -> None:
+        self.say(f"{'ok  ' if ok else 'FAIL'} {what}")
+        if not ok:
+            self.failures.append(what)
+
+    def write(self, out: Path) -> int:
+        (out / "report.txt").write_text("\n".join(self.lines) + "\n")
+        return 0 if not self.failures else 1
+
+
 def _run_check(kit: Path, out: Path, work: Path, *, cpu: bool) -> int:
     import torch
 
     for name in ("straight.log", "killed.log", "vllm.log"):  # this check's logs only
         (out / name).unlink(missing_ok=True)
-    report: list[str] = []
-    failures: list[str] = []
-
-    def say(line: str = "") -> None:
-        print(line, flush=True)
-        report.append(line)
-
-    def check(ok: bool, what: str) -> None:
-        say(f"{'ok  ' if ok else 'FAIL'} {what}")
-        if not ok:
-            failures.append(what)
-
-    device = "cpu" if cpu else "cuda"
-    say(
+    report = _Report()
+    report.say(
         f"tepo device check, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; mode: {'--cpu dry run' if cpu else 'cuda'}"
     )
-    say(f"torch {torch.__version__}, CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}")
+    report.say(
+        f"torch {torch.__version__}, CUDA {torch.version.cuda}, available: {torch.cuda.is_available()}"
+    )
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        say(f"GPU 0: {props.name}, {props.total_memory / 2**30:.1f} GiB")
+        report.say(f"GPU 0: {props.name}, {props.total_memory / 2**30:.1f} GiB")
     elif not cpu:
-        say("FAIL no CUDA device: run with --cpu for the dry run")
-        (out / "report.txt").write_text("\n".join(report) + "\n")
+        report.say("FAIL no CUDA device: run with --cpu for the dry run")
+        report.write(out)
         return 1
-
     model_dir = build_model(kit, work / "random-model", layers=2 if cpu else None)
     params = sum(p.numel() for p in weights(model_dir / "model.safetensors").values())
-    say(f"model: {model_dir} (random weights, {params / 1e6:.1f}M parameters from {kit / 'config.json'})")
+    report.say(
+        f"model: {model_dir} (random weights, {params / 1e6:.1f}M parameters from {kit / 'config.json'})"
+    )
+    common = _common_overrides(model_dir, work, cpu=cpu)
+    rows, final = _straight_run(common, out, work, model_dir, report, cpu=cpu)
+    _killed_and_resumed(common, out, work, rows, final, report, cpu=cpu)
+    # 3. vLLM on the same GPU, where this machine has it.
+    if not cpu:
+        vllm_run(common, out, work, report.say, report.check)
+    failures = report.failures
+    report.say(
+        f"\n{'all checks passed' if not failures else f'{len(failures)} check(s) failed: ' + '; '.join(failures)}"
+    )
+    return report.write(out)
+
+
+def _common_overrides(model_dir: Path, work: Path, *, cpu: bool) -> list[str]:
+    """The overrides every run of the check shares."""
     common = [
         f"model.name={model_dir}",
-        f"train.device={device}",
+        f"train.device={'cpu' if cpu else 'cuda'}",
         "rollout.backend=hf",
         f"train.output_dir={work / 'runs'}",
         "train.steps=3",
@@ -216,33 +243,48 @@ def _run_check(kit: Path, out: Path, work: Path, *, cpu: bool) -> int:
             "rollout.max_new_tokens=8",
             "eval.size=2",
         ]
+    return common
 
-    # 1. Three steps, uninterrupted.
+
+def _straight_run(common, out: Path, work: Path, model_dir: Path, report: _Report, *, cpu: bool):
+    """1. Three steps, uninterrupted: finite metrics, changed weights, the phases' seconds. Returns the run's
+    metrics rows and final weights."""
+    import torch
+
     started = time.perf_counter()
     tepo_train([*common, "train.run_name=straight"], out / "straight.log")
     straight = work / "runs" / "straight"
     rows = rows_of(straight)
-    say(f"\n3-step run: {time.perf_counter() - started:.0f} s (load, eval before/after included)")
-    check([r["step"] for r in rows] == [1, 2, 3], "three metrics rows")
+    report.say(f"\n3-step run: {time.perf_counter() - started:.0f} s (load, eval before/after included)")
+    report.check([r["step"] for r in rows] == [1, 2, 3], "three metrics rows")
     finite = all(
         math.isfinite(r[k])
         for r in rows
         for k in ("update/loss", "update/grad_norm", "reward/mean", "update/entropy_mean")
     )
-    check(finite, "update/loss, update/grad_norm, reward/mean, update/entropy_mean finite at every step")
+    report.check(
+        finite, "update/loss, update/grad_norm, reward/mean, update/entropy_mean finite at every step"
+    )
     initial = weights(model_dir / "model.safetensors")
     final = weights(straight / "checkpoints" / "step_000003" / "model.safetensors")
     changed = sum(not torch.equal(final[k], initial[k]) for k in final if k in initial)
-    check(changed > len(final) // 2, f"weights changed ({changed} of {len(final)} tensors)")
-    say("phase seconds per step: " + ", ".join(k for k in TIMING))
+    report.check(changed > len(final) // 2, f"weights changed ({changed} of {len(final)} tensors)")
+    report.say("phase seconds per step: " + ", ".join(k for k in TIMING))
     for r in rows:
         times = ", ".join(f"{r.get(k, float('nan')):.2f}" for k in TIMING)
         gpu = r.get("memory/gpu_peak_mb")
-        say(f"  step {r['step']}: {times}; gpu peak {gpu:.0f} MiB" if gpu else f"  step {r['step']}: {times}")
+        report.say(
+            f"  step {r['step']}: {times}; gpu peak {gpu:.0f} MiB" if gpu else f"  step {r['step']}: {times}"
+        )
     if not cpu:
-        check(all(r.get("memory/gpu_peak_mb", 0) > 0 for r in rows), "memory/gpu_peak_mb logged")
+        report.check(all(r.get("memory/gpu_peak_mb", 0) > 0 for r in rows), "memory/gpu_peak_mb logged")
+    return rows, final
 
-    # 2. The same run SIGKILLed after its step-2 checkpoint, then resumed: the same metrics and final weights.
+
+def _killed_and_resumed(common, out: Path, work: Path, rows, final, report: _Report, *, cpu: bool) -> None:
+    """2. The same run SIGKILLed after its step-2 checkpoint, then resumed: the same metrics and final weights."""
+    import torch
+
     killed_log = out / "killed.log"
     proc = tepo_train([*common, "train.run_name=killed"], killed_log, background=True)
     killed = work / "runs" / "killed"
@@ -253,31 +295,26 @@ def _run_check(kit: Path, out: Path, work: Path, *, cpu: bool) -> int:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        say("\nkilled the second run (SIGKILL) after its step-2 checkpoint")
+        report.say("\nkilled the second run (SIGKILL) after its step-2 checkpoint")
     else:
-        say(f"\nthe second run ended before it could be killed (exit {proc.returncode}); resuming it anyway")
+        report.say(
+            f"\nthe second run ended before it could be killed (exit {proc.returncode}); resuming it anyway"
+        )
     tepo_train(["--resume", str(killed)], killed_log)
     resumed_rows = rows_of(killed)
-    check(comparable(resumed_rows) == comparable(rows), "resumed run's metrics equal the uninterrupted run's")
+    report.check(
+        comparable(resumed_rows) == comparable(rows), "resumed run's metrics equal the uninterrupted run's"
+    )
     again = weights(killed / "checkpoints" / "step_000003" / "model.safetensors")
     differing = [k for k in final if not torch.equal(final[k], again[k])]
-    check(
+    report.check(
         not differing, f"resumed run's final weights equal the uninterrupted run's ({len(differing)} differ)"
     )
     if differing and not cpu:
         worst = max(float((final[k] - again[k]).abs().max()) for k in differing)
-        say(
+        report.say(
             f"     largest difference {worst:.3g}: a resume bug, or a non-deterministic CUDA kernel (see README)"
         )
-
-    # 3. vLLM on the same GPU, where this machine has it.
-    if not cpu:
-        vllm_run(common, out, work, say, check)
-    say(
-        f"\n{'all checks passed' if not failures else f'{len(failures)} check(s) failed: ' + '; '.join(failures)}"
-    )
-    (out / "report.txt").write_text("\n".join(report) + "\n")
-    return 0 if not failures else 1
 
 
 def vllm_run(common: list[str], out: Path, work: Path, say, check) -> None:

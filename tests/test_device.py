@@ -135,7 +135,7 @@ def test_the_update_phase_creates_no_tensor_without_a_device(one_torch_thread):
     from tepo.advantages import compute_advantages
     from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
     from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
-    from tepo.training.update import UpdatePlan, UpdateSettings
+    from tepo.training.plan import UpdatePlan, UpdateSettings
 
     groups, g, p, t = 2, 3, 3, 4
     n = groups * g
@@ -269,7 +269,7 @@ def test_bf16_weights_are_refused_on_the_cpu():
     with pytest.raises(ConfigError, match=r"model\.dtype: expected float32 or bfloat16"):
         load_config(None, ["model.dtype=fp16"])
     if not torch.cuda.is_available():  # auto resolves to the CPU here: refused when the run starts
-        from tepo.training.trainer import run_device
+        from tepo.training.setup import run_device
 
         with pytest.raises(ConfigError, match=r"model\.dtype=bfloat16"):
             run_device(load_config(None, ["model.dtype=bfloat16"]))

@@ -89,7 +89,8 @@ def test_shared_prompt_falls_back_where_transformers_lacks_the_cache_flag(monkey
     """transformers 5.17 (the device machine's) may not know ``_can_checkpoint_with_cache``: with checkpointing on,
     the shared-prompt pass is not used there (the plain pass gives the same values)."""
     import tepo.logprobs
-    from tepo.logprobs import _checkpointed_cache_allowed, response_logprobs
+    from tepo.logprobs import response_logprobs
+    from tepo.prompt_cache import checkpointed_cache_allowed
 
     class Old(torch.nn.Module):  # a checkpointing layer of a transformers without the flag
         gradient_checkpointing = True
@@ -98,24 +99,24 @@ def test_shared_prompt_falls_back_where_transformers_lacks_the_cache_flag(monkey
         _can_checkpoint_with_cache = False
 
     old_body, new_body = SimpleNamespace(layers=[Old().train()]), SimpleNamespace(layers=[New().train()])
-    assert _checkpointed_cache_allowed(new_body)
-    assert not _checkpointed_cache_allowed(old_body)
+    assert checkpointed_cache_allowed(new_body)
+    assert not checkpointed_cache_allowed(old_body)
     with torch.no_grad():
-        assert _checkpointed_cache_allowed(old_body)  # no backward, no checkpointing: the cache is kept
-    assert _checkpointed_cache_allowed(SimpleNamespace(layers=[Old().eval()]))
+        assert checkpointed_cache_allowed(old_body)  # no backward, no checkpointing: the cache is kept
+    assert checkpointed_cache_allowed(SimpleNamespace(layers=[Old().eval()]))
 
     model = tiny_llama(0).train()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    assert _checkpointed_cache_allowed(model.model)  # this transformers (5.25) has the flag
+    assert checkpointed_cache_allowed(model.model)  # this transformers (5.25) has the flag
     ids = torch.randint(1, 97, (4, 10), generator=torch.Generator().manual_seed(0))
     ids[1:, :5] = ids[0, :5]
     groups = torch.zeros(4, dtype=torch.long)
     shared_calls = []
-    real = tepo.logprobs._shared_prompt_hidden
-    monkeypatch.setattr(tepo.logprobs, "_shared_prompt_hidden", lambda *a: shared_calls.append(1) or real(*a))
-    with_flag, _ = response_logprobs(model, ids, torch.ones_like(ids), 5, prompt_groups=groups)
+    real = tepo.logprobs.shared_prompt_hidden
+    monkeypatch.setattr(tepo.logprobs, "shared_prompt_hidden", lambda *a: shared_calls.append(1) or real(*a))
+    with_flag, _, _ = response_logprobs(model, ids, torch.ones_like(ids), 5, prompt_groups=groups)
     assert shared_calls == [1]
-    monkeypatch.setattr(tepo.logprobs, "_checkpointed_cache_allowed", lambda body: False)
-    without_flag, _ = response_logprobs(model, ids, torch.ones_like(ids), 5, prompt_groups=groups)
+    monkeypatch.setattr(tepo.logprobs, "checkpointed_cache_allowed", lambda body: False)
+    without_flag, _, _ = response_logprobs(model, ids, torch.ones_like(ids), 5, prompt_groups=groups)
     assert shared_calls == [1]  # not called again: the plain pass
     torch.testing.assert_close(without_flag, with_flag, atol=1e-5, rtol=0)

@@ -54,7 +54,7 @@ def _batch():
 def _update(device: str, *, autocast: bool = False):
     """Parameters after two AdamW updates (2 epochs, shuffled) of a tiny Llama on ``device``."""
     from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
-    from tepo.training.update import UpdatePlan, UpdateSettings
+    from tepo.training.plan import UpdatePlan, UpdateSettings
 
     model = tiny_llama(0).train().to(device)
     batch = _batch().to(device)

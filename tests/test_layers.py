@@ -3,7 +3,7 @@ top-level units (subpackages and modules) import each other without cycles.
 
 Layers, bottom to top:
 
-- library: losses, advantages, logprobs, rewards, data, models, rollout, metrics, checkpoint (and the small
+- library: losses, advantages, logprobs (and prompt_cache), rewards, data, models, rollout, metrics, checkpoint (and the small
   helpers batch, passk, the preset files in configs),
 - config: the run configuration, which validates itself against the library's registries,
 - train: training (and the old train.py), evaluate, integrations (TRL / verl adapters),
@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, frozenset[str]]] = [
                 "losses",
                 "advantages",
                 "logprobs",
+                "prompt_cache",  # the shared-prompt pass of logprobs
                 "rewards",
                 "data",
                 "models",

@@ -46,7 +46,9 @@ def test_cuda_block_size_applies_to_cuda_tensors_only():
 
 def _scores(model, ids, chunk_size):
     model.zero_grad(set_to_none=True)
-    logp, ent = response_logprobs(model, ids, torch.ones_like(ids), 8, chunk_size=chunk_size, temperature=0.9)
+    logp, ent, _ = response_logprobs(
+        model, ids, torch.ones_like(ids), 8, chunk_size=chunk_size, temperature=0.9
+    )
     (logp.sum() + 0.3 * ent.sum()).backward()
     return logp.detach(), ent.detach(), [p.grad.clone() for p in model.parameters()]
 

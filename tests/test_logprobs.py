@@ -145,7 +145,9 @@ def test_matches_naive_values(chunk_size, temperature, tie):
     model = tiny_llama(tie=tie)
     ids, mask = make_batch([3, 5, 1], [4, 2, 6], prompt_width=5, response_width=6)
     with torch.no_grad():
-        logp, entropy = response_logprobs(model, ids, mask, 6, chunk_size=chunk_size, temperature=temperature)
+        logp, entropy, _ = response_logprobs(
+            model, ids, mask, 6, chunk_size=chunk_size, temperature=temperature
+        )
         ref_logp, ref_entropy = naive_logprobs(model, ids, mask, 6, temperature)
     assert logp.dtype == entropy.dtype == torch.float32
     assert logp.shape == entropy.shape == (3, 6)
@@ -170,7 +172,7 @@ def test_matches_naive_gradients_params_and_hidden():
 
         handle = model.model.norm.register_forward_hook(keep_hidden)
         model.zero_grad()
-        logp, entropy = fn()
+        logp, entropy, *_ = fn()
         ((logp * weights).sum() + (entropy * weights.flip(0)).sum()).backward()
         handle.remove()
         return {n: p.grad.clone() for n, p in model.named_parameters()}, captured["hidden"].grad
@@ -189,7 +191,7 @@ def test_full_logits_never_materialised_forward_or_backward():
     ids, mask = make_batch([3] * 4, [6] * 4, prompt_width=3, response_width=6)
     rows_seen = []
     model.lm_head.register_forward_hook(lambda _m, inp, _o: rows_seen.append(inp[0].shape[0]))
-    logp, entropy = response_logprobs(model, ids, mask, 6, chunk_size=5)
+    logp, entropy, _ = response_logprobs(model, ids, mask, 6, chunk_size=5)
     forward_calls = len(rows_seen)
     (logp.sum() + entropy.sum()).backward()
     assert forward_calls == math.ceil(24 / 5)
@@ -203,18 +205,18 @@ def test_left_padding_does_not_change_results():
     padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), ids], 1)
     padded_mask = torch.cat([torch.zeros(1, 4, dtype=torch.long), mask], 1)
     with torch.no_grad():
-        a, _ = response_logprobs(model, ids, mask, 4)
-        b, _ = response_logprobs(model, padded, padded_mask, 4)
+        a, _, _ = response_logprobs(model, ids, mask, 4)
+        b, _, _ = response_logprobs(model, padded, padded_mask, 4)
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
 def test_no_entropy_and_no_grad_paths():
     model = tiny_llama()
     ids, mask = make_batch([2, 3], [3, 1], prompt_width=3, response_width=3)
-    logp, entropy = response_logprobs(model, ids, mask, 3, compute_entropy=False)
+    logp, entropy, _ = response_logprobs(model, ids, mask, 3, compute_entropy=False)
     assert entropy is None and logp.requires_grad
     with torch.no_grad():
-        logp2, _ = response_logprobs(model, ids, mask, 3)
+        logp2, _, _ = response_logprobs(model, ids, mask, 3)
     assert not logp2.requires_grad
     torch.testing.assert_close(logp.detach(), logp2)
 
@@ -279,10 +281,10 @@ def test_embedded_model_matches_naive_and_bf16_autocast_is_close(embedded_model)
         ]
     )
     with torch.no_grad():
-        logp, entropy = response_logprobs(model, ids, mask, r_width, chunk_size=3)
+        logp, entropy, _ = response_logprobs(model, ids, mask, r_width, chunk_size=3)
         ref_logp, ref_entropy = naive_logprobs(model, ids, mask, r_width)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            bf_logp, bf_entropy = response_logprobs(model, ids, mask, r_width)
+            bf_logp, bf_entropy, _ = response_logprobs(model, ids, mask, r_width)
     torch.testing.assert_close(logp, ref_logp, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropy, ref_entropy, atol=1e-5, rtol=1e-5)
     assert bf_logp.dtype == bf_entropy.dtype == torch.float32
@@ -295,12 +297,12 @@ def test_embedded_model_matches_naive_and_bf16_autocast_is_close(embedded_model)
 def test_bf16_autocast_forward_and_backward_run_and_stay_close():
     model = tiny_llama()
     ids, mask = make_batch([3, 5], [4, 6], prompt_width=5, response_width=6)
-    ref_logp, ref_entropy = response_logprobs(model, ids, mask, 6, chunk_size=4)
+    ref_logp, ref_entropy, _ = response_logprobs(model, ids, mask, 6, chunk_size=4)
     ref_logp.sum().backward()
     ref_grad = model.lm_head.weight.grad.clone()
     model.zero_grad()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        logp, entropy = response_logprobs(model, ids, mask, 6, chunk_size=4)
+        logp, entropy, _ = response_logprobs(model, ids, mask, 6, chunk_size=4)
     assert logp.dtype == entropy.dtype == torch.float32
     logp.sum().backward()  # backward outside autocast recomputes the chunks under bf16 autocast again
     torch.testing.assert_close(logp, ref_logp.detach(), atol=0.05, rtol=0)

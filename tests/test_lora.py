@@ -61,11 +61,11 @@ def test_logprobs_of_the_adapted_model_equal_the_merged_model_and_grads_reach_ad
     torch.manual_seed(1)
     ids = torch.randint(1, 97, (3, 10))
     mask = torch.ones_like(ids)
-    logp, _ = response_logprobs(model, ids, mask, response_len=4)
+    logp, _, _ = response_logprobs(model, ids, mask, response_len=4)
     plain = tiny_llama(0)
     plain.load_state_dict(merged_state_dict(model))
     with torch.no_grad():
-        expected, _ = response_logprobs(plain, ids, mask, response_len=4)
+        expected, _, _ = response_logprobs(plain, ids, mask, response_len=4)
     torch.testing.assert_close(logp.detach(), expected, atol=1e-5, rtol=1e-5)
     logp.sum().backward()
     for name, p in model.named_parameters():
@@ -92,12 +92,12 @@ def test_the_reference_with_adapters_off_equals_a_copy_of_the_base_model():
     mask = torch.ones_like(ids)
     mask[0, :2] = 0  # left padding in one row
     with torch.no_grad():
-        policy_before, _ = response_logprobs(model, ids, mask, response_len=4)
-        expected, _ = response_logprobs(copy_of_base, ids, mask, response_len=4)
+        policy_before, _, _ = response_logprobs(model, ids, mask, response_len=4)
+        expected, _, _ = response_logprobs(copy_of_base, ids, mask, response_len=4)
         with scoring(AdaptersOff(model)) as reference:
             assert reference is model and not model.training  # eval mode, as the copy was
-            got, _ = response_logprobs(reference, ids, mask, response_len=4)
-        policy_after, _ = response_logprobs(model, ids, mask, response_len=4)
+            got, _, _ = response_logprobs(reference, ids, mask, response_len=4)
+        policy_after, _, _ = response_logprobs(model, ids, mask, response_len=4)
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
     assert (
         policy_before - expected
@@ -137,10 +137,12 @@ def _lora_kl_config(tmp_path, model_dir, *extra):
 def test_a_lora_run_with_a_kl_term_keeps_no_second_model(tmp_path, tiny_model_dir):
     from tepo.training.trainer import Trainer
 
-    trainer = Trainer(_lora_kl_config(tmp_path, tiny_model_dir), tmp_path / "lora", log=lambda *_: None)
+    trainer = Trainer(
+        _lora_kl_config(tmp_path, tiny_model_dir), tmp_path / "lora", log=lambda *_: None
+    ).setup()
     assert isinstance(trainer.ref_model, AdaptersOff) and trainer.ref_model.model is trainer.model
     full = _lora_kl_config(tmp_path, tiny_model_dir, "model.lora.rank=0")
-    full_trainer = Trainer(full, tmp_path / "full", log=lambda *_: None)
+    full_trainer = Trainer(full, tmp_path / "full", log=lambda *_: None).setup()
     assert isinstance(full_trainer.ref_model, torch.nn.Module)  # full fine-tuning keeps its frozen copy
     assert full_trainer.ref_model is not full_trainer.model
 
@@ -160,7 +162,7 @@ def test_a_lora_step_scores_the_reference_with_the_adapters_off(tmp_path, tiny_m
     monkeypatch.setattr(step_module, "batch_logprobs", spy)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    trainer = Trainer(_lora_kl_config(tmp_path, tiny_model_dir), run_dir, log=lambda *_: None)
+    trainer = Trainer(_lora_kl_config(tmp_path, tiny_model_dir), run_dir, log=lambda *_: None).setup()
     assert trainer.run().steps_done == 1
     # The step's reference pass ran on the policy itself, adapters off, in eval mode; then it was the policy again.
     assert [(m is trainer.model, off, training) for m, off, training in passes if off] == [

@@ -10,7 +10,8 @@ import torch
 
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
-from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
+from tepo.training.plan import UpdatePlan, UpdateSettings
+from tepo.training.update import RowTensors, update_policy
 
 GROUPS, G, PROMPT, RESPONSE = 8, 4, 3, 6
 

@@ -44,7 +44,15 @@ MANIFEST = "manifest.json"
 CHECKPOINT_FILES = ("model.safetensors", "state.pt")
 
 
-OPTIMIZER_KEY = "optimizer"  # where the trainer's state dict holds ``optimizer.state_dict()``
+# The keys of the state a trainer saves with its weights (state.pt), named in this one place.
+OPTIMIZER_KEY = "optimizer"  # optimizer.state_dict()
+SCHEDULER_KEY = "scheduler"  # the learning-rate schedule's state_dict()
+RNG_KEY = "rng"  # rng_state()
+STREAM_KEY = "stream"  # the prompt stream's position
+STEP_KEY = "step"  # steps done (written by save_checkpoint)
+BAD_STEPS_KEY = "bad_steps_in_row"  # steps in a row without an applied update
+REWARD_TOTALS_KEY = "reward_totals"  # the reward pool's counters of the run so far
+PARITY_GUARD_KEY = "parity_guard"  # the rollout parity guard's state, where the run has one
 
 
 class CheckpointError(RuntimeError):
@@ -187,7 +195,7 @@ def _without_moments(optimizer_state: dict) -> dict:
 def _write_into(tmp: Path, step: int, model: torch.nn.Module, state: dict, optimizer_state: bool) -> None:
     tmp.mkdir()
     save_file(model_state_for_saving(model), str(tmp / "model.safetensors"))
-    _torch_save({**state, "step": step}, tmp / "state.pt")
+    _torch_save({**state, STEP_KEY: step}, tmp / "state.pt")
     files = {name: _sha256(tmp / name) for name in CHECKPOINT_FILES}
     for name in files:
         with open(tmp / name, "rb") as handle:
@@ -370,7 +378,7 @@ def read_checkpoint_state(checkpoint: Checkpoint) -> CheckpointState:
     return CheckpointState(
         state,
         path=checkpoint.path,
-        step=int(state.get("step", checkpoint.step)),
+        step=int(state.get(STEP_KEY, checkpoint.step)),
         optimizer_state=optimizer_state,
     )
 

@@ -21,10 +21,13 @@ chunk's ``[chunk_size, V]`` logits (plus their gradient) is alive at a time in f
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
-from transformers.cache_utils import DynamicCache, DynamicLayer
+
+from tepo.prompt_cache import checkpointed_cache_allowed, shared_prompt_hidden
 
 # Default positions per chunk: 2**25 logits (128 MiB in float32 per [chunk, V] tensor); 682 rows at V = 49,152.
 _DEFAULT_CHUNK_ELEMENTS = 2**25
@@ -51,6 +54,15 @@ def _chunk_elements(device) -> int:
     return _CUDA_CHUNK_ELEMENTS["large" if total >= _CUDA_LARGE_GIB * 2**30 else "small"]
 
 
+class TokenLogprobs(NamedTuple):
+    """Per-token values of a log-prob pass, each ``[N, T]`` (0 at padding): ``logp``, and where asked the entropy
+    and ``sum_v pi(v)^2`` (else None)."""
+
+    logp: Tensor
+    entropy: Tensor | None = None
+    sum_pi_squared: Tensor | None = None
+
+
 def response_logprobs(
     model,
     input_ids: Tensor,
@@ -62,43 +74,35 @@ def response_logprobs(
     temperature: float = 1.0,
     prompt_groups: Tensor | None = None,
     compute_sum_pi_squared: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    """Log-probabilities ``[N, T]`` of the response tokens and (optionally) the full-vocabulary entropy ``[N, T]``.
+) -> TokenLogprobs:
+    """Log-probabilities ``[N, T]`` of the response tokens and (optionally) the full-vocabulary entropy ``[N, T]``,
+    as one :class:`TokenLogprobs` whatever is asked.
 
-    ``compute_sum_pi_squared=True`` (no-grad calls only) returns a third ``[N, T]`` tensor, ``sum_v pi(v)^2`` of
-    ``softmax(logits / temperature)`` at each response position (the optimal token baseline's path variance,
+    ``compute_sum_pi_squared=True`` (no-grad calls only) adds ``sum_v pi(v)^2`` of ``softmax(logits /
+    temperature)`` at each response position (the optimal token baseline's path variance,
     `tepo.advantages.optimal_token_baseline_advantages`); it costs one more ``lm_head`` product per chunk.
 
     ``input_ids``/``attention_mask`` are ``[N, P+T]``: the last ``response_len`` (= T) columns are the response.
     Position ids come from ``attention_mask`` (``cumsum - 1``), as in transformers' ``generate``, so left padding
     gives the same positions as generation did. Positions whose response ``attention_mask`` is 0 (padding after
-    EOS) are not computed and hold 0 in both outputs. Outputs are float32 (also under autocast) and differentiable
+    EOS) are not computed and hold 0 in every output. Outputs are float32 (also under autocast) and differentiable
     w.r.t. the model's parameters when grad is enabled. ``chunk_size`` = positions per ``lm_head`` chunk (default
     :func:`default_chunk_size`); ``temperature`` divides the logits (see module docstring).
 
     ``prompt_groups`` (``[N]`` ints, optional): rows with the same value have the same prompt block (the first
     ``P`` columns of ``input_ids`` and ``attention_mask``), as the G samples of one prompt do. The prompt is then
-    run once per group and its keys/values are shared by the group's rows (:func:`_shared_prompt_hidden`); the
+    run once per group and its keys/values are shared by the group's rows (`tepo.prompt_cache`); the
     result equals the unshared pass up to float rounding, values and gradients (tests/training/test_shared_prompt.py).
     """
     _check_inputs(input_ids, attention_mask, response_len, chunk_size, temperature)
+    if compute_sum_pi_squared and torch.is_grad_enabled():
+        raise ValueError(
+            "compute_sum_pi_squared is for no-grad passes only (wrap the call in torch.no_grad())"
+        )
     body, lm_head = _split_model(model)
     prompt_len = input_ids.shape[1] - response_len
-
     attention_mask = attention_mask.to(input_ids.device)
-    if (
-        prompt_groups is not None
-        and len(torch.unique(prompt_groups)) < input_ids.shape[0]
-        and _checkpointed_cache_allowed(body)
-    ):
-        response_hidden = _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len, prompt_groups)
-    else:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        hidden = body(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
-        # The hidden state at column j predicts the token at column j + 1.
-        response_hidden = hidden[:, prompt_len - 1 : -1]
+    response_hidden = _response_hidden(body, input_ids, attention_mask, prompt_len, prompt_groups)
     targets = input_ids[:, prompt_len:]
     valid = attention_mask[:, prompt_len:].bool()
 
@@ -107,10 +111,6 @@ def response_logprobs(
     vocab = lm_head.weight.shape[0] if hasattr(lm_head, "weight") else None
     size = chunk_size or default_chunk_size(vocab or 32_000, rows_hidden.device)
     logp_rows, entropy_rows, pi2_rows = [], [], []
-    if compute_sum_pi_squared and torch.is_grad_enabled():
-        raise ValueError(
-            "compute_sum_pi_squared is for no-grad passes only (wrap the call in torch.no_grad())"
-        )
     # Recompute-in-backward is only needed when a graph is being built through the chunk.
     use_checkpoint = torch.is_grad_enabled() and (
         rows_hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters())
@@ -125,150 +125,41 @@ def response_logprobs(
         logp_rows.append(logp_chunk)
         entropy_rows.append(entropy_chunk)
         if compute_sum_pi_squared:
-            logits = lm_head(args[0])
-            pi2_rows.append(
-                torch.cat(
-                    [
-                        torch.softmax(logits[rows].float() / temperature, dim=-1).square().sum(-1)
-                        for rows in _row_blocks(logits)
-                    ]
-                )
-            )
-
-    logp = _scatter_rows(logp_rows, valid)
-    entropy = _scatter_rows(entropy_rows, valid) if compute_entropy else None
-    if compute_sum_pi_squared:
-        return logp, entropy, _scatter_rows(pi2_rows, valid)
-    return logp, entropy
-
-
-class _FrozenPrefixLayer(DynamicLayer):
-    """One layer's cache holding a fixed prompt prefix; ``update`` returns prefix + new keys/values, storing nothing.
-
-    Functional on purpose: activation checkpointing runs each layer again in backward, and a cache that appended
-    (transformers' ``DynamicLayer``) would then hand the recomputation a prefix with the response in it twice.
-    """
-
-    def __init__(self, keys: Tensor, values: Tensor):
-        super().__init__()
-        self.keys, self.values = keys, values
-        self.device = keys.device
-        self.is_initialized = True
-
-    def update(self, key_states: Tensor, value_states: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        return torch.cat([self.keys, key_states], -2), torch.cat([self.values, value_states], -2)
-
-
-def _checkpointed_cache_allowed(body) -> bool:
-    """Whether the shared-prompt cache survives the layers' gradient checkpointing in this transformers version.
-
-    :func:`_shared_prompt_hidden` sets transformers' private ``GradientCheckpointingLayer._can_checkpoint_with_cache``
-    on each layer so a checkpointed layer keeps the prefix cache. A version without that attribute (the device
-    machine has transformers 5.17; this was written against 5.25) may drop the cache under checkpointing and the
-    response rows would attend to no prompt at all, silently. There, with checkpointing active, the plain
-    (unshared) pass is used: the same values up to float rounding, only slower.
-    """
-    layers = list(getattr(body, "layers", []))
-    checkpointing = torch.is_grad_enabled() and any(
-        getattr(layer, "gradient_checkpointing", False) and layer.training for layer in layers
+            pi2_rows.append(_sum_pi_squared(lm_head(args[0]), temperature))
+    return TokenLogprobs(
+        _scatter_rows(logp_rows, valid),
+        _scatter_rows(entropy_rows, valid) if compute_entropy else None,
+        _scatter_rows(pi2_rows, valid) if compute_sum_pi_squared else None,
     )
-    return not checkpointing or all(hasattr(type(layer), "_can_checkpoint_with_cache") for layer in layers)
 
 
-def _shared_prompt_hidden(body, input_ids, attention_mask, prompt_len: int, prompt_groups: Tensor) -> Tensor:
-    """Hidden states that predict the response tokens, ``[N, T, H]``, with each group's prompt computed once.
-
-    The prompt pass runs on one row per group with the model's cache on, then each row's response runs against its
-    group's keys/values (an ``index_select``, so gradients flow back into the one prompt pass). When the model's
-    layers are checkpointed and a graph is being built, the prompt pass is checkpointed too, as one block (see
-    the comment at the call). It saves the prompt's share of the work G - 1 times over (docs/performance.md).
-    """
-    groups, inverse = torch.unique(prompt_groups, return_inverse=True)
-    # Each group's first row, as the smallest row index holding its id: one scatter instead of a nonzero() (a
-    # GPU sync) per group.
-    row_ids = torch.arange(len(prompt_groups), device=prompt_groups.device)
-    first_rows = torch.full_like(groups, len(prompt_groups)).scatter_reduce(
-        0, inverse, row_ids, reduce="amin"
-    )
-    prompt_ids, prompt_mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
-    if not (
-        torch.equal(prompt_ids, prompt_ids[first_rows][inverse])
-        and torch.equal(prompt_mask, prompt_mask[first_rows][inverse])
+def _response_hidden(
+    body, input_ids, attention_mask, prompt_len: int, prompt_groups: Tensor | None
+) -> Tensor:
+    """The body's hidden states that predict the response tokens, ``[N, T, H]``: with each group's prompt run
+    once where ``prompt_groups`` groups rows (and the shared cache is safe here), else one plain pass."""
+    if (
+        prompt_groups is not None
+        and len(torch.unique(prompt_groups)) < input_ids.shape[0]
+        and checkpointed_cache_allowed(body)
     ):
-        raise ValueError("prompt_groups puts rows whose prompt columns differ in one group")
+        return shared_prompt_hidden(body, input_ids, attention_mask, prompt_len, prompt_groups)
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    layers = list(getattr(body, "layers", []))
-    prompt_args = (prompt_ids[first_rows], prompt_mask[first_rows], position_ids[first_rows, :prompt_len])
-    if torch.is_grad_enabled() and any(getattr(layer, "gradient_checkpointing", False) for layer in layers):
-        # Checkpointed as one block when the model's layers are. Else its activations, and the bf16 weight copies
-        # its matmuls save under autocast (about 0.2 GB for the embedded model), stay alive through the whole
-        # backward, its peak included. It is recomputed once, at the end of backward (1/G of the rows).
-        # Reentrant on purpose: every weight is used by the prompt pass and by the response pass, and in one graph
-        # autograd holds each weight's response-pass gradient in a buffer until the prompt pass's gradient, the
-        # last to come, is added to it: a second whole-model float32 gradient (0.5 GB) at the backward's peak.
-        # The reentrant block runs its own backward, which adds straight into .grad. Its price: such a graph
-        # supports .backward() but not torch.autograd.grad(); the anchor (an empty tensor that requires grad)
-        # makes the block's outputs require grad, since none of its tensor inputs (token ids, masks) does.
-        anchor = torch.empty(0, requires_grad=True, device=input_ids.device)
-        prompt_hidden, *keys_values = checkpoint(
-            _anchored_prompt_pass, body, anchor, *prompt_args, use_reentrant=True
-        )
-    else:
-        prompt_hidden, *keys_values = _prompt_pass(body, *prompt_args)
-    half = len(keys_values) // 2
-    cache = DynamicCache()
-    cache.layers = [
-        _FrozenPrefixLayer(keys.index_select(0, inverse), values.index_select(0, inverse))
-        for keys, values in zip(keys_values[:half], keys_values[half:])
-    ]
-    for layer in layers:
-        # The cache is functional, so checkpoint recomputation sees the same prefix: let it through.
-        layer._can_checkpoint_with_cache = True
-    try:
-        response_out = body(
-            input_ids=input_ids[:, prompt_len:],
-            attention_mask=attention_mask,
-            position_ids=position_ids[:, prompt_len:],
-            use_cache=False,
-            # transformers 5 renamed past_key_values to cache (the old name still works, with a warning).
-            **{_cache_argument(body): cache},
-        )
-    finally:
-        for layer in layers:
-            del layer._can_checkpoint_with_cache
-    # The last prompt position predicts the first response token; response column t predicts column t + 1.
-    last_prompt = prompt_hidden.index_select(0, inverse)[:, -1:]
-    return torch.cat([last_prompt, response_out.last_hidden_state[:, :-1]], 1)
+    hidden = body(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).last_hidden_state
+    # The hidden state at column j predicts the token at column j + 1.
+    return hidden[:, prompt_len - 1 : -1]
 
 
-def _prompt_pass(body, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> tuple[Tensor, ...]:
-    """The prompt rows through the body with the cache on: (last hidden state, keys of every layer, values of every
-    layer). Eval mode inside, also when checkpointing recomputes it in backward (with the body back in training
-    mode by then): transformers' checkpointed layers drop the cache in training mode."""
-    was_training = body.training
-    body.train(False)
-    try:
-        out = body(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True
-        )
-    finally:
-        body.train(was_training)
-    cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    return (
-        out.last_hidden_state,
-        *[layer.keys for layer in cache.layers],
-        *[layer.values for layer in cache.layers],
+def _sum_pi_squared(logits: Tensor, temperature: float) -> Tensor:
+    """``sum_v pi(v)^2`` of each row of a chunk's logits, in row blocks (float32)."""
+    return torch.cat(
+        [
+            torch.softmax(logits[rows].float() / temperature, dim=-1).square().sum(-1)
+            for rows in _row_blocks(logits)
+        ]
     )
-
-
-def _anchored_prompt_pass(body, _anchor, *args):
-    return _prompt_pass(body, *args)
-
-
-def _cache_argument(body) -> str:
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(body.forward).parameters else "past_key_values"
 
 
 class _ChunkScorer:

@@ -166,7 +166,7 @@ def _is_auto(value) -> bool:
 def resolve_precision(model_autocast_bf16, rollout_autocast_bf16, vllm_dtype, device="cpu", *, cpu=None):
     """``(Precision, warnings)`` for the three settings on ``device``: ``auto`` becomes the hardware's choice
     (:func:`native_bf16`), an explicit value is kept; ``rollout_autocast_bf16=None`` is HF generate's standalone
-    default (:func:`standalone_generate_autocast`), as it was before ``auto``. ``warnings``: one line per explicit bf16 setting on a
+    default (:func:`standalone_generate_autocast`), for a backend built without a run's config. ``warnings``: one line per explicit bf16 setting on a
     device without native bf16, saying what it costs there."""
     support = native_bf16(device, cpu=cpu)
     slow_bf16 = []  # explicit bf16 settings on hardware that emulates it
@@ -179,7 +179,7 @@ def resolve_precision(model_autocast_bf16, rollout_autocast_bf16, vllm_dtype, de
         return value, False
 
     model, model_auto = choose("model.autocast_bf16", model_autocast_bf16, True, False)
-    if rollout_autocast_bf16 is None:  # the HF backend's standalone default, as before auto existed
+    if rollout_autocast_bf16 is None:  # the HF backend built on its own, without a run's config
         rollout, rollout_auto = standalone_generate_autocast(device, cpu=cpu), True
     else:
         rollout, rollout_auto = choose("rollout.autocast_bf16", rollout_autocast_bf16, True, False)

@@ -126,7 +126,7 @@ def _train_like_the_trainer(evaluated: list):
     precision.json) and scores the initial policy only when eval_before.json is absent."""
     from tepo.precision import resolve_run_precision
     from tepo.training.run_dir import save_run_config
-    from tepo.training.trainer import run_device
+    from tepo.training.setup import run_device
 
     def train(config, run_dir):
         precision = resolve_run_precision(config, run_device(config))

@@ -1,6 +1,6 @@
-"""Metric names grouped by phase (tepo.metrics.names): every key the step and the trainer write is grouped where
-it is computed, the log writes rows as they come, and old flat logs read with the grouped names through the
-reading map."""
+"""Metric names grouped by phase (tepo.metrics.catalogue): every key the step and the trainer write is grouped where
+it is computed and catalogued, the log writes rows as they come, and old flat logs read with the grouped names
+through the reading map (tepo.metrics.names)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,8 @@ from loss_cases import registered_loss_metrics
 from tepo.config import load_config
 from tepo.losses import POLICY_LOSSES
 from tepo.metrics import MetricsLog, read_metrics
-from tepo.metrics.names import (
-    FLAT_NAMES,
-    GROUPS,
-    NAMES,
-    canonical,
-    flat_name,
-    in_group,
-    metric_name,
-    ungrouped,
-)
+from tepo.metrics.catalogue import GROUPS, LOGGED, in_group, ungrouped
+from tepo.metrics.names import FLAT_NAMES, NAMES, canonical, flat_name, metric_name
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,6 +34,11 @@ def test_the_table_is_one_to_one_and_grouped():
         assert metric_name(flat) == grouped and flat_name(grouped) == flat
     assert metric_name("step") == "step" and metric_name("reward/format_mean") == "reward/format_mean"
     assert NAMES["reward_mean"] == "reward/mean" and NAMES["clip_frac_high"] == "update/clip_frac_high"
+
+
+def test_the_old_logs_read_into_catalogued_names():
+    assert set(NAMES.values()) <= set(LOGGED)
+    assert len(LOGGED) == len(set(LOGGED)) and all(name.split("/")[0] in GROUPS for name in LOGGED)
 
 
 def test_a_row_is_written_as_it_comes_and_read_back_the_same(tmp_path):
@@ -149,9 +146,9 @@ def test_a_training_run_logs_only_grouped_names(tmp_path, tiny_model_dir):
     keys = {k for row in raw for k in row}
     assert not ungrouped(keys), f"name {ungrouped(keys)} in their group where they are computed"
     assert not keys & set(NAMES), "a flat name was written"
-    # ... by the names old logs read as (each reward function's mean aside: it was always grouped).
+    # ... and catalogued (each reward function's mean aside: a pattern).
     per_function = {k for k in keys if k.startswith("reward/") and k.endswith("_mean")}
-    assert keys - {"step"} - per_function <= set(FLAT_NAMES)
+    assert keys - {"step"} - per_function <= set(LOGGED)
     for expected in ("reward/mean", "update/grad_norm", "time/step_seconds", "eval/greedy_accuracy"):
         assert expected in keys
     assert {"mismatch/kl_k3", "mismatch/is_weight_mean", "update/kl_ref", "reward/format_mean"} <= keys

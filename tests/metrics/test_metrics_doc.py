@@ -1,4 +1,4 @@
-"""docs/metrics.md documents every name a run can log: the names table (tepo.metrics.names), the per-function
+"""docs/metrics.md documents every name a run can log: the catalogue (tepo.metrics.catalogue), the per-function
 patterns, and each registered loss's own metrics; each under its group's heading with a meaning, a unit and a
 healthy range, and no name the trainer cannot log."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from loss_cases import registered_loss_metrics
 from tepo.losses import POLICY_LOSSES
-from tepo.metrics.names import GROUPS, NAMES, PATTERNS, metric_name
+from tepo.metrics.catalogue import GROUPS, LOGGED, PATTERNS
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"
@@ -34,12 +34,12 @@ def _rows() -> list[tuple[str, str, list[str]]]:
 
 
 def _loggable() -> set[str]:
-    loss_names = {metric_name(k) for name in POLICY_LOSSES for k in registered_loss_metrics(name)}
-    return set(NAMES.values()) | set(PATTERNS) | loss_names
+    loss_names = {f"update/{k}" for name in POLICY_LOSSES for k in registered_loss_metrics(name)}
+    return set(LOGGED) | set(PATTERNS) | loss_names
 
 
 def test_every_name_the_code_formats_is_a_declared_pattern():
-    """A name such as f"reward/{name}_mean" is in tepo.metrics.names.PATTERNS (as reward/<name>_mean), so the page
+    """A name such as f"reward/{name}_mean" is in tepo.metrics.catalogue.PATTERNS (as reward/<name>_mean), so the page
     test below covers it."""
     formatted = set()
     for path in (ROOT / "src" / "tepo").rglob("*.py"):
@@ -47,7 +47,7 @@ def test_every_name_the_code_formats_is_a_declared_pattern():
             formatted.add(re.sub(r"\{[^}]+\}", "<name>", name))
     assert "reward/<name>_mean" in formatted  # the scan still finds what it looks for
     assert sorted(formatted - set(PATTERNS)) == [], (
-        "add these to tepo.metrics.names.PATTERNS and docs/metrics.md"
+        "add these to tepo.metrics.catalogue.PATTERNS and docs/metrics.md"
     )
 
 

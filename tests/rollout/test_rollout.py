@@ -107,7 +107,7 @@ def test_rescoring_matches_generation_scores(embedded_model, prompts, temperatur
     )
     assert_well_formed(batch, prompts, 3, 12, rollout)
     with torch.no_grad():
-        logp, _ = response_logprobs(
+        logp, _, _ = response_logprobs(
             model, batch.input_ids, batch.attention_mask, batch.response_len, temperature=temperature
         )
     mask = batch.response_mask.bool()

@@ -76,7 +76,7 @@ def test_a_lora_training_run_with_vllm_passes_the_guard_at_every_sync(tmp_path, 
             "eval.size=0",
         ],
     )
-    trainer = Trainer(config, tmp_path / "run", log=lambda *_: None)
+    trainer = Trainer(config, tmp_path / "run", log=lambda *_: None).setup()
     assert trainer.run().steps_done == 3
     guard = trainer.rollout.parity_guard
     # Synced (and checked) before steps 2 and 3; eval.size=0 leaves no final evaluation to sync for.
@@ -110,7 +110,7 @@ def test_one_skipped_sync_stops_the_run_at_the_first_check_after_it(tmp_path, lo
         "default",
         [*small_vllm_run_overrides(tmp_path, python), *lora_overrides, "train.steps=4", "eval.size=0"],
     )
-    trainer = Trainer(config, tmp_path / "run", log=lambda *_: None)
+    trainer = Trainer(config, tmp_path / "run", log=lambda *_: None).setup()
     real_call, reloads = trainer.rollout._call, []
 
     def drop_the_second_reload(request):
@@ -151,13 +151,13 @@ def test_a_resumed_run_keeps_the_guard_state_so_its_first_check_is_a_full_one(tm
             ],
         )
 
-    first = Trainer(config(2), tmp_path / "run", log=lambda *_: None)
+    first = Trainer(config(2), tmp_path / "run", log=lambda *_: None).setup()
     assert first.run().steps_done == 2
     saved = first.rollout.parity_guard
     assert saved.checks == 1  # synced and checked before step 2
     probe_tokens = saved.probe.sequences
 
-    resumed = Trainer(config(3), tmp_path / "run", log=lambda *_: None)
+    resumed = Trainer(config(3), tmp_path / "run", log=lambda *_: None).setup()
     assert resumed.run().steps_done == 3
     guard = resumed.rollout.parity_guard
     assert guard.checks == 2 and guard.probe.sequences == probe_tokens  # the same probe, one check more

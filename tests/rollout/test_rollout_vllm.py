@@ -134,7 +134,7 @@ def resolve(name: str) -> str:
 
 
 def test_find_vllm_python_says_how_to_install(monkeypatch, tmp_path):
-    import tepo.rollout.vllm as backend
+    import tepo.rollout.vllm_launch as backend
 
     monkeypatch.delenv("TEPO_VLLM_PYTHON", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -233,8 +233,9 @@ def _max_logp_gap(engine, prompts, **kw) -> tuple[float, object]:
 
     batch = engine.generate(prompts, return_logprobs=True, **kw)
     with torch.no_grad():
-        scored = response_logprobs(engine.model, batch.input_ids, batch.attention_mask, batch.response_len)
-    scored = scored[0] if isinstance(scored, tuple) else scored
+        scored = response_logprobs(
+            engine.model, batch.input_ids, batch.attention_mask, batch.response_len
+        ).logp
     mask = batch.response_mask.bool()
     return float((scored[mask] - batch.rollout_logp[mask]).abs().max()), batch
 
@@ -306,7 +307,7 @@ def test_a_bf16_engine_is_a_different_behaviour_policy(embedded_model, chat_prom
     with VLLMRollout(model, tokenizer, python=python, dtype="bfloat16", log_path=tmp_path / "log") as engine:
         batch = engine.generate(chat_prompts, num_samples=4, max_new_tokens=16, seed=3, return_logprobs=True)
     with torch.no_grad():
-        scored, _ = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_len)
+        scored, _, _ = response_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_len)
     mask = batch.response_mask.bool()
     gap = (scored[mask] - batch.rollout_logp[mask]).abs()
     assert 1e-3 < float(gap.mean()) < 0.3, f"mean |delta log p| {float(gap.mean()):.4f}"
@@ -333,7 +334,7 @@ def test_a_training_run_with_vllm_syncs_after_every_update_and_stops_its_server(
         "default",
         [*small_vllm_run_overrides(tmp_path, python), "train.steps=2", "eval.size=2", "eval.samples=0"],
     )
-    trainer = Trainer(config, tmp_path / "run", log=lambda *_: None)
+    trainer = Trainer(config, tmp_path / "run", log=lambda *_: None).setup()
     server = trainer.rollout._proc
     result = trainer.run()
     assert result.steps_done == 2

@@ -62,7 +62,7 @@ def test_cpu_keeps_the_attention_kernels_and_a_step_still_runs(restore_switches)
     model = tiny_llama(0).train()
     ids = torch.randint(1, 97, (4, 10), generator=torch.Generator().manual_seed(0))
     ids[1:, :5] = ids[0, :5]
-    logp, _ = response_logprobs(
+    logp, _, _ = response_logprobs(
         model, ids, torch.ones_like(ids), 5, prompt_groups=torch.zeros(4, dtype=torch.long)
     )
     logp.sum().backward()

@@ -22,7 +22,8 @@ from tepo.losses import compute_policy_loss
 from tepo.losses._common import deferred_metrics, resolve_values
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings
-from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
+from tepo.training.plan import UpdatePlan, UpdateSettings
+from tepo.training.update import RowTensors, update_policy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -147,14 +148,17 @@ def test_a_non_finite_loss_still_skips_and_counts_the_step():
     before = torch.cat([p.detach().flatten() for p in tiny_llama(0).parameters()])
     out, _, model = _update(2, advantages=advantages)
     after = torch.cat([p.detach().flatten() for p in model.parameters()])
-    assert out["update/skipped_updates"] == 1 and out["update/optimizer_updates"] == 0
+    assert out.metrics["update/skipped_updates"] == 1 and out.metrics["update/optimizer_updates"] == 0
     assert torch.equal(before, after)  # nothing applied
-    # The token views cover the micro-batches up to and including the bad one, as when the loop stopped there.
-    assert out["token_entropy"][:10].abs().sum() > 0
-    assert out["token_entropy"][10:].abs().sum() == 0
+    # The early-stop rule: the token views cover the micro-batches up to and including the bad one, no later one.
+    assert out.token_entropy[:10].abs().sum() > 0
+    assert out.token_entropy[10:].abs().sum() == 0
     # Metrics: the four micro-batches before the bad one (finite values only).
     assert all(
         v == v
-        for k, v in out.items()
+        for k, v in out.metrics.items()
         if isinstance(v, float) and k not in ("update/grad_norm", "update/grad_norm_max")
     )
+    mask = _batch().response_mask[:8]
+    before_bad = float((out.token_entropy[:8] * mask).sum() / mask.sum())
+    assert out.metrics["update/entropy_mean"] == pytest.approx(before_bad, rel=1e-5)

@@ -18,7 +18,8 @@ from tepo.losses import list_policy_losses
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, batch_logprobs
 from tepo.training.micro_batches import MicroBatchLayout, RowLengths, split_rows
-from tepo.training.update import RowTensors, UpdatePlan, UpdateSettings, update_policy
+from tepo.training.plan import UpdatePlan, UpdateSettings
+from tepo.training.update import RowTensors, update_policy
 
 GROUPS, G, PROMPT, RESPONSE = 4, 4, 5, 9
 
@@ -168,7 +169,7 @@ def test_token_budget_gives_the_fixed_row_gradient_for_every_loss(model64, batch
     assert step > 1e-6, f"{loss} {options}: the update changed nothing, the comparison would be vacuous"
     # float64: the two layouts differ only in the order of the gradient sums.
     torch.testing.assert_close(budget, fixed, rtol=1e-10, atol=1e-12 * float(step))
-    assert 0 <= out["update/padding_share"] < 1
+    assert 0 <= out.metrics["update/padding_share"] < 1
 
 
 def test_the_budget_actually_regroups_the_rows(batch64):
@@ -220,16 +221,11 @@ def test_auto_resolves_by_response_length():
     assert resolve_micro_batch_tokens(2048, 64) == 2048
 
 
-def _step_parts(overrides, run_dir="run"):
+def _plan(overrides):
     from tepo.config import load_config
-    from tepo.training.parts import build_step_parts
     from tepo.training.plan import plan_step
 
-    config = load_config("default", overrides)
-    empty = dict.fromkeys(("model", "ref_model", "optimizer", "scheduler", "rollout", "tokenizer", "stream"))
-    return build_step_parts(
-        config, plan_step(config, backend="hf"), **empty, device=torch.device("cpu"), run_dir=run_dir
-    )
+    return plan_step(load_config("default", overrides), backend="hf")
 
 
 def test_the_default_run_keeps_fixed_rows_and_long_responses_get_the_budget():
@@ -238,13 +234,13 @@ def test_the_default_run_keeps_fixed_rows_and_long_responses_get_the_budget():
     from tepo.config import load_config
 
     assert load_config("default", []).train.micro_batch_tokens == "auto"
-    short = _step_parts([]).logprob_settings
+    short = _plan([]).update.passes
     assert short.micro_batch_tokens is None and short.layout == MicroBatchLayout(16, None)
-    long = _step_parts(["rollout.max_new_tokens=512"])
-    assert long.logprob_settings.layout == MicroBatchLayout(16, 4096)
-    assert long.update_plan.layout == MicroBatchLayout(16, 4096)
-    forced = _step_parts(["rollout.max_new_tokens=1024", "train.micro_batch_tokens=null"])
-    assert forced.update_plan.layout == MicroBatchLayout(16, None)
+    long = _plan(["rollout.max_new_tokens=512"])
+    assert long.update.passes.layout == MicroBatchLayout(16, 4096)
+    assert long.update.layout == MicroBatchLayout(16, 4096)
+    forced = _plan(["rollout.max_new_tokens=1024", "train.micro_batch_tokens=null"])
+    assert forced.update.layout == MicroBatchLayout(16, None)
 
 
 @pytest.mark.parametrize(

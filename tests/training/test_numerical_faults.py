@@ -1,6 +1,7 @@
 """Numerical faults in training: a step whose loss or gradient is NaN/inf is skipped and counted, never
 applied; after ``train.max_bad_steps`` such steps in a row the run stops with ``TrainingStopped`` and its last
-good checkpoint is intact. Faults are injected by wrapping ``tepo.training.update.compute_policy_loss``; everything else
+good checkpoint is intact. Faults are injected by wrapping the bound policy loss the update calls
+(``tepo.losses.compute.BoundPolicyLoss``); everything else
 (the embedded model, rollout, reward pool, optimizer, checkpoints) is real."""
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import torch
 from safetensors.torch import load_file
 
 import tepo.training.step
-import tepo.training.update
 from helpers import small_run_overrides
 from tepo.checkpoint import find_latest_checkpoint
 from tepo.config import load_config
+from tepo.losses.compute import BoundPolicyLoss
 from tepo.metrics import read_metrics
 from tepo.training import Trainer, TrainingStopped
 
@@ -36,11 +37,11 @@ class _InfGradient(torch.autograd.Function):
 
 def inject(monkeypatch, faults: dict[int, str]) -> list[int]:
     """Make the n-th call (1-based) of the policy loss return a NaN loss ("nan") or an infinite gradient ("inf")."""
-    real = tepo.training.update.compute_policy_loss
+    real = BoundPolicyLoss.__call__
     calls = []
 
-    def faulty(*args, **kwargs):
-        loss, metrics = real(*args, **kwargs)
+    def faulty(self, *args, **kwargs):
+        loss, metrics = real(self, *args, **kwargs)
         calls.append(len(calls) + 1)
         fault = faults.get(len(calls))
         if fault == "nan":
@@ -49,7 +50,7 @@ def inject(monkeypatch, faults: dict[int, str]) -> list[int]:
             loss = _InfGradient.apply(loss)
         return loss, metrics
 
-    monkeypatch.setattr(tepo.training.update, "compute_policy_loss", faulty)
+    monkeypatch.setattr(BoundPolicyLoss, "__call__", faulty)
     return calls
 
 
@@ -108,7 +109,7 @@ def test_nonfinite_steps_are_skipped_counted_and_stop_the_run(tmp_path, monkeypa
     run_dir = tmp_path / "faults"
     run_dir.mkdir()
     messages = []
-    trainer = Trainer(config, run_dir, log=messages.append)
+    trainer = Trainer(config, run_dir, log=messages.append).setup()
     with pytest.raises(TrainingStopped, match=r"2 steps in a row had a non-finite loss or gradient") as err:
         trainer.run()
     assert "checkpoints" in str(err.value) and "intact" in str(err.value)

@@ -46,7 +46,7 @@ def _logprobs_and_grads(model, ids, mask, groups, kernel):
     model.zero_grad(set_to_none=True)
     # The kernel is held through backward, as the trainer does (checkpointing recomputes layers there).
     with attention_implementation(model, kernel):
-        logp, entropy = response_logprobs(model, ids, mask, T, prompt_groups=groups)
+        logp, entropy, _ = response_logprobs(model, ids, mask, T, prompt_groups=groups)
         (logp.sum() + 0.1 * entropy.sum()).backward()
     grads = [p.grad.clone() for p in params]
     model.zero_grad(set_to_none=True)
@@ -85,9 +85,9 @@ def test_groups_of_one_and_no_grad_also_match(checkpointed_model):
     singletons = torch.arange(ids.shape[0])  # nothing to share: the plain pass
     mixed = torch.tensor([0, 0, 1, 2, 2, 3])  # groups split across what sharing sees
     with torch.no_grad():
-        ref, _ = response_logprobs(checkpointed_model, ids, mask, T)
+        ref, _, _ = response_logprobs(checkpointed_model, ids, mask, T)
         for groups in (singletons, mixed):
-            logp, _ = response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=groups)
+            logp, _, _ = response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=groups)
             torch.testing.assert_close(logp, ref, atol=1e-5, rtol=1e-5)
 
 
@@ -116,7 +116,7 @@ def test_the_prompt_pass_keeps_no_weight_copies_for_backward(checkpointed_model)
         torch.autocast("cpu", dtype=torch.bfloat16),
         torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
     ):
-        logp, _ = response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=groups)
+        logp, _, _ = response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=groups)
     assert saved and logp.requires_grad
     assert not [shape for shape in saved if shape in weight_shapes]
 
@@ -133,7 +133,7 @@ def test_response_pass_gradients_reach_grad_without_waiting_for_the_prompt_pass(
     try:
         checkpointed_model.zero_grad(set_to_none=True)
         with attention_implementation(checkpointed_model, "eager"):
-            logp, entropy = response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=groups)
+            logp, entropy, _ = response_logprobs(checkpointed_model, ids, mask, T, prompt_groups=groups)
             (logp.sum() + 0.1 * entropy.sum()).backward()
     finally:
         handle.remove()
@@ -147,7 +147,7 @@ def test_the_recomputed_prompt_pass_runs_under_the_forwards_autocast(monkeypatch
     forward (else the keys/values it differentiates would not be the ones the responses attended to)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    import tepo.logprobs
+    import tepo.prompt_cache
 
     torch.manual_seed(0)
     config = LlamaConfig(
@@ -156,7 +156,7 @@ def test_the_recomputed_prompt_pass_runs_under_the_forwards_autocast(monkeypatch
     )  # fmt: skip
     model = LlamaForCausalLM(config).train()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    calls, real = [], tepo.logprobs._prompt_pass
+    calls, real = [], tepo.prompt_cache._prompt_pass
 
     def spy(*args):
         calls.append(
@@ -164,11 +164,11 @@ def test_the_recomputed_prompt_pass_runs_under_the_forwards_autocast(monkeypatch
         )
         return real(*args)
 
-    monkeypatch.setattr(tepo.logprobs, "_prompt_pass", spy)
+    monkeypatch.setattr(tepo.prompt_cache, "_prompt_pass", spy)
     ids = torch.randint(1, 97, (4, 10))
     ids[1:, :5] = ids[0, :5]
     with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
-        logp, _ = response_logprobs(
+        logp, _, _ = response_logprobs(
             model, ids, torch.ones_like(ids), 5, prompt_groups=torch.zeros(4, dtype=torch.long)
         )
     logp.sum().backward()

@@ -14,7 +14,7 @@ import tepo.training.update as update_module
 from tepo.config import load_config
 from tepo.data import Problem, PromptStream
 from tepo.losses.rollout_correction import rollout_correction_weights
-from tepo.metrics.names import in_group
+from tepo.metrics.catalogue import in_group
 from tepo.rewards import RewardPool
 from tepo.rollout.hf import HFRollout
 from tepo.training.overlap import RolloutPrefetch
@@ -56,7 +56,6 @@ def _parts(tiny_model_dir, tmp_path, *overrides: str):
     problems = [Problem(id=f"p{i}", problem=f"What is {i} + 1?", answer=str(i + 1)) for i in range(4)]
     parts = build_step_parts(
         config,
-        plan,
         model=model,
         ref_model=None,
         optimizer=optimizer,
@@ -101,7 +100,7 @@ def _count_corrections(monkeypatch) -> dict:
 
     def recording_update(model, optimizer, scheduler, batch, tensors, plan, **kw):
         out = update_policy(model, optimizer, scheduler, batch, tensors, plan, **kw)
-        seen["batch"], seen["token_logp"] = batch, out["token_logp"].clone()
+        seen["batch"], seen["token_logp"] = batch, out.token_logp.clone()
         return out
 
     monkeypatch.setattr(update_module, "rollout_correction_tokens", counting_update)
@@ -123,7 +122,7 @@ def test_an_in_update_correction_is_computed_once_and_its_metrics_are_the_whole_
         "algorithm.rollout_correction_options.cap=1.0001",
         "train.micro_batch_size=1",
     )
-    assert not plan.needs_old_pass and plan.update_correction is not None
+    assert not plan.needs_old_pass and plan.update.correction is not None
     seen = _count_corrections(monkeypatch)
     row = train_step(parts, plan, pool, step=0)
     n = row["rollout/num_sequences"]
@@ -145,7 +144,7 @@ def test_an_in_update_correction_is_computed_once_and_its_metrics_are_the_whole_
 
 def test_with_an_old_pass_the_step_computes_the_correction_once(tiny_model_dir, tmp_path, pool, monkeypatch):
     parts, plan = _parts(tiny_model_dir, tmp_path, "algorithm.rollout_correction=mis")
-    assert plan.needs_old_pass and plan.update_correction is None
+    assert plan.needs_old_pass and plan.update.correction is None
     seen = _count_corrections(monkeypatch)
     row = train_step(parts, plan, pool, step=0)
     assert seen["update_rows"] == 0

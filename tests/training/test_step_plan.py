@@ -25,10 +25,10 @@ def _plan(*overrides: str, backend: str = "hf") -> StepPlan:
 
 def test_a_single_on_policy_update_without_correction_runs_no_extra_pass():
     plan = _plan()
-    assert plan == StepPlan(
-        needs_old_pass=False, needs_reference_model=False, old_pass_sum_pi_squared=False, correction=None
-    )
-    assert plan.update_correction is None
+    assert not plan.needs_old_pass and not plan.old_pass_entropy and not plan.old_pass_sum_pi_squared
+    assert not plan.needs_reference_model
+    assert plan.correction is None and plan.step_correction is None and plan.update.correction is None
+    assert plan.update.stats is None
 
 
 @pytest.mark.parametrize(
@@ -50,8 +50,9 @@ def test_a_single_on_policy_update_without_correction_runs_no_extra_pass():
 )
 def test_the_old_pass_runs_where_something_needs_the_pre_update_policy(overrides):
     plan = _plan(*overrides)
-    assert plan.needs_old_pass
-    assert plan.update_correction is None  # a correction, if any, is computed once by the step
+    assert plan.needs_old_pass and plan.old_pass_entropy
+    assert plan.update.correction is None  # a correction, if any, is computed once by the step
+    assert plan.step_correction == plan.correction
 
 
 def test_sum_pi_squared_comes_with_the_old_pass_for_the_estimators_that_read_it():
@@ -65,7 +66,7 @@ def test_a_correction_that_drops_nothing_is_computed_in_the_update_without_an_ol
     plan = _plan(f"algorithm.rollout_correction={mode}", "algorithm.rollout_correction_options.cap=3.0")
     assert not plan.needs_old_pass
     assert plan.correction == RolloutCorrection(mode, {"cap": 3.0})
-    assert plan.update_correction == plan.correction
+    assert plan.update.correction == plan.correction and plan.step_correction is None
 
 
 def test_auto_correction_follows_the_backend():
@@ -155,14 +156,14 @@ def test_resolve_takes_the_backend_the_trainer_resolved():
     ],
 )
 def test_the_plan_decides_the_mini_batch_statistics_pass(overrides, stats, old_pass):
-    """One decision (#45): the step plan and the update plan the trainer builds from it name the same pass."""
+    """One decision: the update plan the step plan holds names the pass, and the same settings name it again."""
     from tepo.config import loss_options
     from tepo.training.plan import UpdatePlan, UpdateSettings
     from update_runs import logprob_settings
 
     config = load_config("default", overrides)
     plan = plan_step(config, backend="hf")
-    assert plan.mini_batch_stats == stats
+    assert plan.update.stats == stats
     assert plan.needs_old_pass is old_pass
     settings = UpdateSettings(config.algorithm.loss, loss_options(config.algorithm), 1, 1, 2, 1.0, 8.0)
     assert UpdatePlan(settings, logprob_settings(2)).stats == stats
@@ -176,3 +177,14 @@ def test_only_the_first_update_reads_the_old_pass_and_only_what_it_gave():
     assert MiniBatchStatsPass(entropy=False, loss_statistics=True).reads_old_pass(
         first_update=True, old_logp=True, old_entropy=False
     )
+
+
+def test_the_loss_options_are_checked_once_when_the_update_is_planned():
+    from tepo.training.plan import UpdatePlan, UpdateSettings
+    from update_runs import logprob_settings
+
+    settings = UpdateSettings("tepo", {"dual_clip": 3.0}, 1, 1, 2, 1.0, 8.0)
+    with pytest.raises(ValueError, match="dual_clip applies only to policy losses"):
+        UpdatePlan(settings, logprob_settings(2))
+    plan = UpdatePlan(dataclasses.replace(settings, loss_options={}), logprob_settings(2))
+    assert plan.loss.spec.name == "tepo" and plan.loss.common["max_len"] == 8.0

@@ -140,8 +140,12 @@ def test_resume_equals_uninterrupted_run(tmp_path):
         log=lambda *_: None,
     ).run_dir
     messages = []
-    resumed = resume(stopped, ["train.steps=3"], log=messages.append).run_dir
+    result = resume(stopped, ["train.steps=3"], log=messages.append)
+    resumed = result.run_dir
     assert any("resumed" in m and "step 2" in m for m in messages)
+    # summary.json is the summary the run returns, the resume included
+    assert result.summary["resumed"] is True
+    assert json.loads((resumed / "summary.json").read_text()) == result.summary
     b = load_file(str(resumed / "checkpoints" / "step_000003" / "model.safetensors"))
     assert a.keys() == b.keys()
     for key in a:

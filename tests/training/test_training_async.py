@@ -47,7 +47,7 @@ def test_async_run_samples_one_step_behind_and_resumes_without_losing_a_step(tmp
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     save_config(config, run_dir / "config.yaml")  # as `tepo train` does, so that the run can be resumed
-    trainer = Trainer(config, run_dir, log=lambda *_: None)
+    trainer = Trainer(config, run_dir, log=lambda *_: None).setup()
     server = trainer.rollout._proc
     result = trainer.run()
     assert result.steps_done == 3

@@ -54,7 +54,7 @@ def test_eager_and_sdpa_give_the_same_logprobs_and_gradients(embedded_model):
     for impl in ("sdpa", "eager"):
         model.zero_grad(set_to_none=True)
         with attention_implementation(model, impl):
-            logp, entropy = response_logprobs(model, ids, att, 6)
+            logp, entropy, _ = response_logprobs(model, ids, att, 6)
         (logp.sum() + 0.1 * entropy.sum()).backward()
         results[impl] = (logp.detach(), entropy.detach(), [p.grad.clone() for p in params])
     model.zero_grad(set_to_none=True)

@@ -52,7 +52,7 @@ def test_training_eval_on_a_benchmark_matches_tepo_eval(embedded_model, tmp_path
         )
     assert during_training.calls == standalone.calls, "training-time eval prompted the model differently"
     assert during_training.batch.texts == standalone.batch.texts
-    assert ours["eval_greedy_accuracy"] == report.results["benchmarks"]["math500"]["accuracy"]
+    assert ours["eval/greedy_accuracy"] == report.results["benchmarks"]["math500"]["accuracy"]
 
 
 def test_training_eval_on_the_training_task_keeps_the_training_prompt():

@@ -9,7 +9,7 @@ import torch
 
 from tepo.losses.rollout_correction import rollout_correction_weights
 from tepo.training.logprob_pass import batch_logprobs
-from tepo.training.update import RolloutCorrection
+from tepo.training.plan import RolloutCorrection
 from update_runs import GROUPS
 from update_runs import logprob_settings as _settings
 from update_runs import updated_params as _updated

@@ -21,7 +21,7 @@ Reference: docs/algorithms.md, sections "Advantage estimators" and "Group filter
 from tepo.advantages import group, token_level  # noqa: F401
 from tepo.advantages import ep_grpo  # noqa: F401  (after ERPO, the papers' order)
 from tepo.advantages import group_baselines  # noqa: F401  (after the TEPO papers' estimators)
-from tepo.advantages import frameworks  # noqa: F401  (verl's other estimators, issue #39)
+from tepo.advantages import frameworks  # noqa: F401  (verl's other estimators)
 from tepo.advantages import codapo  # noqa: F401  (an open verl pull request, docs/parity.md)
 
 # isort: on
@@ -40,6 +40,7 @@ from tepo.advantages.registry import (
     get_advantage_estimator,
     list_advantage_estimators,
     register_advantage_estimator,
+    zero_log_ratio_problem,
 )
 from tepo.advantages.token_level import entropy_advantages, erpo_advantages
 
@@ -66,4 +67,5 @@ __all__ = [
     "register_advantage_estimator",
     "rloo_advantages",
     "select_rows",
+    "zero_log_ratio_problem",
 ]

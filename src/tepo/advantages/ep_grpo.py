@@ -13,7 +13,7 @@ from torch import Tensor
 
 from tepo.advantages._common import check_nonnegative, grouped, token_input, token_mask, zero_variance
 from tepo.advantages.registry import register_advantage_estimator
-from tepo.advantages.token_level import _base_advantages, _base_requires, _masked_zscore
+from tepo.advantages.token_shared import base_advantages, base_requires, masked_zscore, positional_buckets
 
 # The z-scores' denominators are std + _Z_EPS ("+ 1e-6", docs/algorithms.md#ep_grpo); not an option.
 _Z_EPS = 1e-6
@@ -39,7 +39,7 @@ def _check_options(gamma, eta, num_buckets, theta_reward, std_floor) -> None:
 
 def _ep_grpo_requires(options: Mapping[str, Any]) -> frozenset[str]:
     own = {"entropy", "old_logp", "ref_logp", "mask"}
-    return frozenset(own) | _base_requires("ep_grpo", options["base"], options["base_options"])
+    return frozenset(own) | base_requires("ep_grpo", options["base"], options["base_options"])
 
 
 def entropy_gate(h: Tensor, m: Tensor, group_size: int, gamma: float) -> Tensor:
@@ -47,7 +47,7 @@ def entropy_gate(h: Tensor, m: Tensor, group_size: int, gamma: float) -> Tensor:
     std, denominator ``std + 1e-6``). A group with one valid token, or whose tokens all have the same entropy,
     has ``z = 0`` (``W = 1/2``) exactly rather than a rounding residue divided by 1e-6. ``[N, T]``, 0 on padding."""
     n, seq_len = m.shape
-    z = _masked_zscore(h.view(n // group_size, -1), m.view(n // group_size, -1), _Z_EPS).view(n, seq_len)
+    z = masked_zscore(h.view(n // group_size, -1), m.view(n // group_size, -1), _Z_EPS).view(n, seq_len)
     return torch.where(m, torch.sigmoid(gamma * z), 0.0)
 
 
@@ -68,9 +68,7 @@ def progress_buckets(h: Tensor, m: Tensor, num_buckets: int) -> Tensor:
     total = hm.sum(dim=1, keepdim=True)
     before = torch.cumsum(hm, dim=1) - hm  # exclusive cumulative sum
     by_entropy = torch.floor(num_buckets * before / torch.where(total > _NO_ENTROPY, total, 1.0)).long()
-    length = m.sum(dim=1, keepdim=True)
-    position = torch.cumsum(m.long(), dim=1) - 1
-    by_position = torch.div(num_buckets * position, length.clamp(min=1), rounding_mode="floor")
+    by_position = positional_buckets(m, num_buckets)
     bucket = torch.where(total > _NO_ENTROPY, by_entropy, by_position).clamp(0, num_buckets - 1)
     return torch.where(m, bucket, 0)
 
@@ -158,7 +156,7 @@ def ep_grpo_advantages(
     old = token_input("ep_grpo", "old_logp", old_logp, m)
     ref = token_input("ep_grpo", "ref_logp", ref_logp, m)
     passed = {"logp": logp, "old_logp": old_logp, "ref_logp": ref_logp, "mask": mask, "entropy": entropy}
-    a = _base_advantages("ep_grpo", base, base_options, rewards, group_size, **passed)
+    a = base_advantages("ep_grpo", base, base_options, rewards, group_size, **passed)
 
     gate = entropy_gate(h, m, group_size, gamma)
     d = polarity(rewards, a, group_size, theta_reward)

@@ -220,6 +220,29 @@ def estimator_requires(name: str, options: Mapping[str, Any] | None = None) -> f
     return est.requires_for(options)
 
 
+def zero_log_ratio_problem(name: str, options: Mapping[str, Any] | None = None) -> str | None:
+    """Why estimator ``name`` with ``options`` cannot run where advantages are computed once per rollout, before
+    any update (the built-in trainer, TRL): there ``logp`` and ``old_logp`` are one tensor, so a term built from
+    their difference is 0 at every step. None when it does not read both. The one rule every host applies; each
+    prefixes the key it was given by."""
+    needs = estimator_requires(name, options)
+    if not {"logp", "old_logp"} <= needs:
+        return None
+    defaults = ADVANTAGE_ESTIMATORS[name].defaults
+    changed = {k: v for k, v in (options or {}).items() if k not in defaults or defaults[k] != v}
+    fix = (
+        f" Drop {', '.join(f'{k}={v!r}' for k, v in changed.items())}: with the defaults {name!r} does not read "
+        "old_logp."
+        if changed and not {"logp", "old_logp"} <= estimator_requires(name, {})
+        else ""
+    )
+    return (
+        f"{name!r} with these options compares logp with old_logp, but the trainer computes advantages from the "
+        "pre-update policy (once per rollout, before any update), where the two are the same tensor: their "
+        f"difference is exactly 0 at every step and that term would silently do nothing.{fix}"
+    )
+
+
 def describe() -> list[dict[str, Any]]:
     """One row per estimator, in registration order.
 

@@ -13,52 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tepo.advantages._common import check_nonnegative, group_std, token_input, token_mask
-from tepo.advantages.compute import compute_advantages
-from tepo.advantages.registry import (
-    ADVANTAGE_ESTIMATORS,
-    estimator_requires,
-    get_advantage_estimator,
-    register_advantage_estimator,
-)
-
-
-def _base_requires(estimator: str, base: Any, base_options: Any) -> frozenset[str]:
-    """What the sequence-level ``base`` reads; ValueError when it is unknown or token-level."""
-    if get_advantage_estimator(base).token_level:
-        seq_names = [n for n, e in ADVANTAGE_ESTIMATORS.items() if not e.token_level]
-        raise ValueError(
-            f"{estimator}: base estimator must be sequence-level, {base!r} is token-level; "
-            f"valid bases: {', '.join(seq_names)}"
-        )
-    if base_options is not None and not isinstance(base_options, Mapping):
-        raise ValueError(
-            f"{estimator} option base_options must be a mapping, got {type(base_options).__name__}"
-        )
-    return estimator_requires(base, base_options)
-
-
-def _base_advantages(
-    estimator: str, base: str, base_options: Mapping | None, rewards: Tensor, group_size: int, **inputs: Any
-) -> Tensor:
-    _base_requires(estimator, base, base_options)
-    return compute_advantages(base, rewards, group_size, **inputs, **(base_options or {})).to(torch.float64)
-
-
-def _masked_zscore(values: Tensor, mask: Tensor, eps: float) -> Tensor:
-    """Z-score of ``values[k, :]`` over its masked entries, row by row (rows = pools of entries).
-
-    Population std (divide by the count; see ``erpo_advantages`` for why); rows with fewer than two entries,
-    or with zero spread, give 0. Unmasked entries come out 0.
-    """
-    count = mask.sum(dim=1, keepdim=True).to(values.dtype)
-    v = torch.where(mask, values, 0.0)
-    mean = v.sum(dim=1, keepdim=True) / count.clamp(min=1)
-    centred = torch.where(mask, v - mean, 0.0)
-    sd = group_std(centred, count, "population")
-    z = centred / (sd + eps)
-    return torch.where(mask & (count >= 2) & (sd > 0), z, 0.0)
-
+from tepo.advantages._common import check_nonnegative, token_input, token_mask
+from tepo.advantages.registry import register_advantage_estimator
+from tepo.advantages.token_shared import base_advantages, base_requires, masked_zscore, positional_buckets
 
 # --------------------------------------------------------------------------------------------------------
 # entropy_adv
@@ -66,7 +23,7 @@ def _masked_zscore(values: Tensor, mask: Tensor, eps: float) -> Tensor:
 
 
 def _entropy_adv_requires(options: Mapping[str, Any]) -> frozenset[str]:
-    return frozenset({"entropy", "mask"}) | _base_requires(
+    return frozenset({"entropy", "mask"}) | base_requires(
         "entropy_adv", options["base"], options["base_options"]
     )
 
@@ -112,7 +69,7 @@ def entropy_advantages(
     m = token_mask("entropy_adv", mask, rewards.shape[0])
     h = token_input("entropy_adv", "entropy", entropy, m)
     passed = {"logp": logp, "old_logp": old_logp, "ref_logp": ref_logp, "mask": mask, "entropy": entropy}
-    a = _base_advantages("entropy_adv", base, base_options, rewards, group_size, **passed).unsqueeze(1)
+    a = base_advantages("entropy_adv", base, base_options, rewards, group_size, **passed).unsqueeze(1)
     bonus = torch.minimum(alpha * h, a.abs() / kappa)
     return torch.where(m, a + bonus, 0.0)
 
@@ -136,7 +93,58 @@ def _erpo_baseline_input(progress_baseline: Any) -> str:
 
 def _erpo_requires(options: Mapping[str, Any]) -> frozenset[str]:
     own = {"entropy", "mask", "logp", _erpo_baseline_input(options["progress_baseline"])}
-    return frozenset(own) | _base_requires("erpo", options["base"], options["base_options"])
+    return frozenset(own) | base_requires("erpo", options["base"], options["base_options"])
+
+
+def _check_erpo_options(gate, num_buckets, lam, gate_threshold, eps) -> None:
+    if gate not in _ERPO_GATES:
+        raise ValueError(f"erpo option gate must be one of {_ERPO_GATES}, got {gate!r}")
+    if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 1:
+        raise ValueError(f"erpo option num_buckets must be a positive int, got {num_buckets!r}")
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
+        raise ValueError(f"erpo option lam must be a finite number, got {lam!r}")
+    if isinstance(gate_threshold, bool) or not isinstance(gate_threshold, (int, float)):
+        raise ValueError(f"erpo option gate_threshold must be a number, got {gate_threshold!r}")
+    check_nonnegative("erpo", "eps", eps)
+
+
+def _gated_entropy(
+    h: Tensor, m: Tensor, group_size: int, gate: str, gate_threshold: float, eps: float
+) -> Tensor:
+    """ERPO's ``H^n`` ``[N, T]``: the entropy z-scored over every valid token of the group, then the gate."""
+    n, seq_len = m.shape
+    num_groups = n // group_size
+    z = masked_zscore(h.view(num_groups, -1), m.view(num_groups, -1), eps).view(n, seq_len)
+    if gate == "relu":
+        hn = (z - gate_threshold).clamp(min=0)
+    elif gate == "hard":
+        hn = (z > gate_threshold).to(z.dtype)
+    else:
+        hn = z
+    return torch.where(m, hn, 0.0)
+
+
+def _bucket_progress(d: Tensor, m: Tensor, group_size: int, num_buckets: int, eps: float) -> Tensor:
+    """ERPO's ``S^n`` ``[N, T]``: the mean of ``d`` over each response's positional buckets, z-scored bucket by
+    bucket across the group's responses that reach it, and every token given its bucket's value."""
+    n = d.shape[0]
+    num_groups = n // group_size
+    bucket = positional_buckets(m, num_buckets).clamp(0, num_buckets - 1)
+    bucket = torch.where(m, bucket, 0)
+    onehot = torch.nn.functional.one_hot(bucket, num_buckets).to(d.dtype) * m.unsqueeze(-1)  # [N, T, K]
+    bucket_count = onehot.sum(dim=1)  # [N, K]
+    bucket_mean = (onehot * d.unsqueeze(-1)).sum(dim=1) / bucket_count.clamp(min=1)
+    present = bucket_count > 0
+    # Z-score across the G responses of each group, bucket by bucket: rows (group, bucket), columns responses.
+    sbar = bucket_mean.view(num_groups, group_size, num_buckets).transpose(1, 2).reshape(-1, group_size)
+    pres = present.view(num_groups, group_size, num_buckets).transpose(1, 2).reshape(-1, group_size)
+    sn_bucket = (
+        masked_zscore(sbar, pres, eps)
+        .view(num_groups, num_buckets, group_size)
+        .transpose(1, 2)
+        .reshape(n, num_buckets)
+    )
+    return torch.gather(sn_bucket, 1, bucket)
 
 
 @register_advantage_estimator(
@@ -202,16 +210,8 @@ def erpo_advantages(
     Reads ``entropy``, ``mask``, ``logp`` and ``ref_logp`` (``"ref"``) or ``old_logp`` (``"old"``), all
     ``[N, T]``. Masked positions are exactly 0 and never NaN, whatever the inputs hold there.
     """
-    if gate not in _ERPO_GATES:
-        raise ValueError(f"erpo option gate must be one of {_ERPO_GATES}, got {gate!r}")
+    _check_erpo_options(gate, num_buckets, lam, gate_threshold, eps)
     baseline_label = _erpo_baseline_input(progress_baseline)
-    if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 1:
-        raise ValueError(f"erpo option num_buckets must be a positive int, got {num_buckets!r}")
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not math.isfinite(lam):
-        raise ValueError(f"erpo option lam must be a finite number, got {lam!r}")
-    if isinstance(gate_threshold, bool) or not isinstance(gate_threshold, (int, float)):
-        raise ValueError(f"erpo option gate_threshold must be a number, got {gate_threshold!r}")
-    check_nonnegative("erpo", "eps", eps)
 
     n = rewards.shape[0]
     m = token_mask("erpo", mask, n)
@@ -220,42 +220,10 @@ def erpo_advantages(
     baseline = {"ref_logp": ref_logp, "old_logp": old_logp}[baseline_label]
     base_lp = token_input("erpo", baseline_label, baseline, m)
     passed = {"logp": logp, "old_logp": old_logp, "ref_logp": ref_logp, "mask": mask, "entropy": entropy}
-    a = _base_advantages("erpo", base, base_options, rewards, group_size, **passed)
+    a = base_advantages("erpo", base, base_options, rewards, group_size, **passed)
 
-    num_groups, seq_len = n // group_size, m.shape[1]
-
-    # Entropy weight: z-score over every valid token of the group, then the gate.
-    z = _masked_zscore(h.view(num_groups, -1), m.view(num_groups, -1), eps).view(n, seq_len)
-    if gate == "relu":
-        hn = (z - gate_threshold).clamp(min=0)
-    elif gate == "hard":
-        hn = (z > gate_threshold).to(z.dtype)
-    else:
-        hn = z
-    hn = torch.where(m, hn, 0.0)
-
+    hn = _gated_entropy(h, m, group_size, gate, gate_threshold, eps)
     # Progress signal: bucket means of d per response, z-scored per bucket across the group.
-    d = lp - base_lp
-    length = m.sum(dim=1, keepdim=True)
-    pos = torch.cumsum(m.long(), dim=1) - 1  # 0-based index among valid tokens
-    bucket = torch.div(pos * num_buckets, length.clamp(min=1), rounding_mode="floor").clamp(
-        0, num_buckets - 1
-    )
-    bucket = torch.where(m, bucket, 0)
-    onehot = torch.nn.functional.one_hot(bucket, num_buckets).to(d.dtype) * m.unsqueeze(-1)  # [N, T, K]
-    bucket_count = onehot.sum(dim=1)  # [N, K]
-    bucket_mean = (onehot * d.unsqueeze(-1)).sum(dim=1) / bucket_count.clamp(min=1)
-    present = bucket_count > 0
-    # Z-score across the G responses of each group, bucket by bucket: rows (group, bucket), columns responses.
-    sbar = bucket_mean.view(num_groups, group_size, num_buckets).transpose(1, 2).reshape(-1, group_size)
-    pres = present.view(num_groups, group_size, num_buckets).transpose(1, 2).reshape(-1, group_size)
-    sn_bucket = (
-        _masked_zscore(sbar, pres, eps)
-        .view(num_groups, num_buckets, group_size)
-        .transpose(1, 2)
-        .reshape(n, num_buckets)
-    )
-    sn = torch.gather(sn_bucket, 1, bucket)
-
+    sn = _bucket_progress(lp - base_lp, m, group_size, num_buckets, eps)
     adv = a.unsqueeze(1) + lam * hn * sn * torch.sign(a).unsqueeze(1)
     return torch.where(m, adv, 0.0)

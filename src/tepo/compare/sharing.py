@@ -119,7 +119,7 @@ def _same_evaluation_on_disk(plan: ComparisonPlan, spec: RunSpec) -> Path | None
     from tepo.precision import resolve_run_precision
     from tepo.training import EVAL_BEFORE
     from tepo.training.run_dir import read_run_precision
-    from tepo.training.trainer import run_device
+    from tepo.training.setup import run_device
 
     here = resolve_run_precision(spec.config, run_device(spec.config))
     key = eval_sharing_key(here.config, spec.held_out_digest)

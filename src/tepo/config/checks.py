@@ -11,14 +11,26 @@ from tepo.config.schema import AlgorithmConfig, RolloutConfig, RunConfig
 
 def validate(config: RunConfig) -> list[str]:
     """Cross-field checks and registry look-ups; returns one message per problem (empty when valid)."""
-    from tepo.advantages import ADVANTAGE_ESTIMATORS
     from tepo.lora import lora_config_errors
-    from tepo.losses import KL_ESTIMATORS, POLICY_LOSSES
-    from tepo.precision import config_precision_errors
     from tepo.rollout import rollout_config_errors
 
-    errors = []
     c = config
+    errors = _number_errors(c)
+    errors += _reward_errors(c)
+    errors += rollout_config_errors(c.rollout)  # backend name and each backend's own keys
+    errors += lora_config_errors(c.model.lora)
+    errors += _async_errors(c.rollout)
+    errors += _device_errors(c)
+    errors += _schedule_errors(c)
+    errors += _algorithm_errors(c)
+    return errors
+
+
+def _number_errors(c: RunConfig) -> list[str]:
+    """Counts, rates and ranges of the training, sampling and optimizer keys."""
+    from tepo.precision import config_precision_errors
+
+    errors = []
     positive = {
         "rollout.group_size": c.rollout.group_size,
         "rollout.max_new_tokens": c.rollout.max_new_tokens,
@@ -59,11 +71,12 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(f"optim.schedule: expected constant, cosine or linear, got {c.optim.schedule!r}")
     if c.reward.timeout_s <= 0:
         errors.append(f"reward.timeout_s: must be > 0, got {c.reward.timeout_s}")
-    errors += _reward_errors(c)
-    errors += rollout_config_errors(c.rollout)  # backend name and each backend's own keys
-    errors += lora_config_errors(c.model.lora)
-    errors += _async_errors(c.rollout)
-    errors += _device_errors(c)
+    return errors
+
+
+def _schedule_errors(c: RunConfig) -> list[str]:
+    """The attention kernel, the mini-batches, checkpoints, evaluations and resampling rounds."""
+    errors = []
     if c.model.train_attention not in ("auto", "eager", "sdpa", "model"):
         errors.append(
             f"model.train_attention: expected auto, eager, sdpa or model, got {c.model.train_attention!r}"
@@ -90,6 +103,15 @@ def validate(config: RunConfig) -> list[str]:
         errors.append(f"eval.batch_prompts must be >= 1 or null (got {c.eval.batch_prompts})")
     if c.algorithm.max_resample_rounds and not c.algorithm.dynamic_sampling:
         errors.append("algorithm.max_resample_rounds > 0 needs algorithm.dynamic_sampling: true")
+    return errors
+
+
+def _algorithm_errors(c: RunConfig) -> list[str]:
+    """The rollout correction, the KL estimators, and the loss and estimator by a dry call on a tiny batch."""
+    from tepo.advantages import ADVANTAGE_ESTIMATORS
+    from tepo.losses import KL_ESTIMATORS, POLICY_LOSSES
+
+    errors = []
     errors += _rollout_correction_errors(c.algorithm)
     # Checked even while their coefficient is 0, so a misspelt estimator is not silently unused until turned on.
     estimator_in_use_is_bad = False  # then the dry run below would report the estimator a second time
@@ -180,7 +202,12 @@ def _reward_errors(c: RunConfig) -> list[str]:
 
 def _advantage_errors(c: RunConfig) -> list[str]:
     """Checks of the estimator against what it declares in the registry (never against its name)."""
-    from tepo.advantages import ADVANTAGE_ESTIMATORS, TENSOR_INPUTS, estimator_requires
+    from tepo.advantages import (
+        ADVANTAGE_ESTIMATORS,
+        TENSOR_INPUTS,
+        estimator_requires,
+        zero_log_ratio_problem,
+    )
     from tepo.rewards import parse_reward_functions
 
     name, options = c.algorithm.advantage, c.algorithm.advantage_options
@@ -225,27 +252,12 @@ def _advantage_errors(c: RunConfig) -> list[str]:
         return errors
     try:
         _dry_run_advantages(c)
-        needs = estimator_requires(name, options)
+        problem = zero_log_ratio_problem(name, options)
     except ValueError as err:
         errors.append(f"algorithm.advantage_options: {err}")
         return errors
-    if {"logp", "old_logp"} <= needs:
-        # The built-in trainer computes advantages once per rollout, before the first update, so the policy's
-        # log-probs and the old policy's are one tensor: a signal built from their difference is always 0.
-        defaults = ADVANTAGE_ESTIMATORS[name].defaults
-        changed = {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
-        fix = (
-            f" Drop {', '.join(f'{k}={v!r}' for k, v in changed.items())}: with the defaults {name!r} does not "
-            "read old_logp."
-            if changed and not {"logp", "old_logp"} <= estimator_requires(name, {})
-            else ""
-        )
-        errors.append(
-            f"algorithm.advantage_options: {name!r} with these options compares logp with old_logp, but the "
-            "trainer computes advantages from the pre-update policy (once per rollout, before any update), so "
-            "it passes the same tensor as both: their difference is exactly 0 at every step and that term "
-            f"would silently do nothing.{fix}"
-        )
+    if problem is not None:
+        errors.append(f"algorithm.advantage_options: {problem}")
     return errors
 
 

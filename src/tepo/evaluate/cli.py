@@ -87,6 +87,13 @@ def register(subparsers) -> None:
         help="directory with <benchmark>/test.jsonl (default: $TEPO_DATA_DIR; without either, each benchmark "
         "is loaded from the Hugging Face hub)",
     )
+    _add_sampling_arguments(p)
+    _add_output_and_engine_arguments(p)
+    p.set_defaults(func=run_eval)
+
+
+def _add_sampling_arguments(p) -> None:
+    """How many problems, and how each is sampled and judged."""
     p.add_argument("--limit", type=_positive_int, help="evaluate only the first N problems of each benchmark")
     p.add_argument(
         "--max-new-tokens",
@@ -135,6 +142,10 @@ def register(subparsers) -> None:
         help="; ".join(f"{name}: {ANSWER_FORMAT_DESCRIPTIONS[name]}" for name in COMPLETION_ANSWER_FORMATS)
         + f" (default: {DEFAULT_ANSWER_FORMAT})",
     )
+
+
+def _add_output_and_engine_arguments(p) -> None:
+    """Where the results go, the reward workers, and the model's device, dtype and engine."""
     p.add_argument("--output-dir", help="where results.json and samples.jsonl go (default: evals/<model>)")
     p.add_argument("--overwrite", action="store_true", help="discard earlier results in --output-dir")
     p.add_argument("--reward-workers", type=_positive_int, default=2, help="math-verify worker processes")
@@ -167,7 +178,6 @@ def register(subparsers) -> None:
     )
     p.add_argument("--trust-remote-code", action="store_true", help="allow models that ship their own code")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run_eval)
 
 
 def _split_benches(values: list[str] | None) -> list[str]:

@@ -90,24 +90,7 @@ def score_problems(
             score_responses(pool, reward_functions, batch.texts, chunk, samples) if reward_functions else None
         )
         lengths = batch.response_mask.sum(1).long().tolist()
-        # One sample: it wins its own vote (class 0 when correct; a wrong one is a lone class 1, or None without
-        # an answer).
-        votes = [
-            [
-                0 if v.status == "correct" else (None if v.extracted is None else 1)
-                for v in verdicts[j * samples :][:1]
-            ]
-            for j in range(len(chunk))
-        ]
-        if samples > 1:  # majority-vote classes (cons@k): equivalent answers by math-verify
-            from tepo.evaluate.voting import answer_votes
-
-            rows_of = [range(j * samples, (j + 1) * samples) for j in range(len(chunk))]
-            votes = answer_votes(
-                [[verdicts[r].extracted for r in rows] for rows in rows_of],
-                [[verdicts[r].status == "correct" for r in rows] for rows in rows_of],
-                pool,
-            )
+        votes = _votes(verdicts, len(chunk), samples, pool)
         chunk_results = []
         for j, problem in enumerate(chunk):
             rows = range(j * samples, (j + 1) * samples)
@@ -126,6 +109,28 @@ def score_problems(
         if on_batch is not None:
             on_batch(chunk_results)
     return results
+
+
+def _votes(verdicts, problems: int, samples: int, pool) -> list:
+    """Each problem's vote classes of its ``samples`` verdicts (rows ``j * samples ...`` of problem ``j``)."""
+    if samples > 1:  # majority-vote classes (cons@k): equivalent answers by math-verify
+        from tepo.evaluate.voting import answer_votes
+
+        rows_of = [range(j * samples, (j + 1) * samples) for j in range(problems)]
+        return answer_votes(
+            [[verdicts[r].extracted for r in rows] for rows in rows_of],
+            [[verdicts[r].status == "correct" for r in rows] for rows in rows_of],
+            pool,
+        )
+    # One sample: it wins its own vote (class 0 when correct; a wrong one is a lone class 1, or None without
+    # an answer).
+    return [
+        [
+            0 if v.status == "correct" else (None if v.extracted is None else 1)
+            for v in verdicts[j * samples :][:1]
+        ]
+        for j in range(problems)
+    ]
 
 
 def _user_rewards(scored, labels: Sequence[str], row: int) -> dict[str, tuple[float, str, str]]:

@@ -238,90 +238,137 @@ def evaluate_benchmarks(
         records = read_samples(samples_path, warn=log)
 
         results_path = output_dir / RESULTS_FILE
-        results = {"model": model_info, "benchmarks": {}}
-        if results_path.exists():
-            try:
-                results["benchmarks"] = dict(
-                    json.loads(results_path.read_text(encoding="utf-8"))["benchmarks"]
-                )
-            except (json.JSONDecodeError, KeyError, TypeError):
-                log(f"{results_path}: unreadable, rewriting it from {SAMPLES_FILE}")
-        results["protocol"] = protocol
+        results = _earlier_results(results_path, model_info, protocol, log)
 
         outcomes = []
-        for task in tasks:
-            done = _finished(records, task, samples_path)
-            todo = [i for i in range(len(task.problems)) if i not in done]
-            start = time.perf_counter()
-            if todo and pool is None:
-                pool = stack.enter_context(
-                    RewardPool(
-                        num_workers=reward_workers,
-                        timeout_s=reward_timeout_s,
-                        functions=[f.for_pool() for f in reward_functions],
-                        log_dir=output_dir,  # what the workers and the user's functions print
-                        failures=_reward_failures(output_dir, log),
-                    )
-                )
-            bar = stack.enter_context(_progress_bar(task, len(done), progress))
-            correct = [r["num_correct"] / r["num_samples"] for r in done.values()]
-            # None: as many prompts as keep the engine at its throughput (all its rows busy), 8 for HF generate.
-            samples_per_prompt = 1 if task.setting.greedy else task.setting.num_samples
-            task_batch = batch_size or engine_batch_prompts(backend, samples_per_prompt, default=8)
-            batches: dict[int, list[int]] = {}
-            for i in todo:
-                batches.setdefault(i // task_batch, []).append(i)
-            for batch_index, indices in batches.items():
-                s = task.setting
-                try:
-                    scored = score_problems(
-                        backend,
-                        tokenizer,
-                        [task.problems[i] for i in indices],
-                        pool,
-                        instruction=s.instruction,
-                        num_samples=s.num_samples,
-                        greedy=s.greedy,
-                        max_new_tokens=s.max_new_tokens,
-                        temperature=s.temperature if not s.greedy else 1.0,
-                        top_p=s.top_p,
-                        seed=s.seed + batch_index,
-                        batch_prompts=task_batch,
-                        answer_format=s.answer_format,
-                        reward_functions=[f.label for f in reward_functions],
-                    )
-                except RolloutError as err:
-                    # Finished batches are in samples.jsonl already: the same command resumes after them.
-                    raise err.add_context(
-                        f"{task.name} problems {indices[0] + 1}-{indices[-1] + 1} of {len(task.problems)}"
-                    ) from None
-                new = [
-                    problem_record(task.name, i, result) for i, result in zip(indices, scored, strict=True)
-                ]
-                append_samples(samples_path, new)
-                if getattr(pool, "failures", None) is not None:
-                    pool.failures.raise_if_stopped()  # after the batch's records, its failures' reasons among them
-                for i, record in zip(indices, new):
-                    done[i] = record
-                    correct.append(record["num_correct"] / record["num_samples"])
-                bar.set_postfix(acc=f"{sum(correct) / len(correct):.3f}", refresh=False)
-                bar.update(len(new))
-            bar.close()
-            ordered = [done[i] for i in range(len(task.problems))]
-            metrics = benchmark_metrics(ordered, greedy=task.setting.greedy, pass_k=pass_k)
-            results["benchmarks"][task.name] = {
-                **metrics,
-                "source": task.source,
-                "settings": task.setting.as_dict(),
-            }
-            results["created"] = datetime.now(UTC).isoformat(timespec="seconds")
-            _write_json_atomic(results_path, results)
-            outcomes.append(
-                BenchmarkOutcome(
-                    task.name, metrics, len(todo), len(task.problems) - len(todo), time.perf_counter() - start
+
+        def start_pool():  # the first time a benchmark has problems left to score
+            return stack.enter_context(
+                RewardPool(
+                    num_workers=reward_workers,
+                    timeout_s=reward_timeout_s,
+                    functions=[f.for_pool() for f in reward_functions],
+                    log_dir=output_dir,  # what the workers and the user's functions print
+                    failures=_reward_failures(output_dir, log),
                 )
             )
+
+        for task in tasks:
+            outcome, pool = _run_task(
+                task,
+                backend,
+                tokenizer,
+                start_pool if pool is None else pool,
+                stack,
+                records,
+                samples_path,
+                results,
+                results_path,
+                batch_size=batch_size,
+                pass_k=pass_k,
+                progress=progress,
+                reward_functions=reward_functions,
+            )
+            outcomes.append(outcome)
         return EvalReport(results=results, outcomes=outcomes, output_dir=output_dir)
+
+
+def _run_task(
+    task,
+    backend,
+    tokenizer,
+    pool,
+    stack,
+    records,
+    samples_path,
+    results,
+    results_path,
+    *,
+    batch_size,
+    pass_k,
+    progress,
+    reward_functions,
+) -> tuple[BenchmarkOutcome, object]:
+    """One benchmark: its unfinished problems scored batch by batch (each appended to samples.jsonl as it
+    finishes), its metrics into ``results`` and results.json. ``pool``: the reward pool, or a function that
+    starts one (called only when problems are left); returns the outcome and the pool (or that function)."""
+    done = _finished(records, task, samples_path)
+    todo = [i for i in range(len(task.problems)) if i not in done]
+    start = time.perf_counter()
+    if todo and callable(pool):
+        pool = pool()
+    bar = stack.enter_context(_progress_bar(task, len(done), progress))
+    correct = [r["num_correct"] / r["num_samples"] for r in done.values()]
+    # None: as many prompts as keep the engine at its throughput (all its rows busy), 8 for HF generate.
+    samples_per_prompt = 1 if task.setting.greedy else task.setting.num_samples
+    task_batch = batch_size or engine_batch_prompts(backend, samples_per_prompt, default=8)
+    batches: dict[int, list[int]] = {}
+    for i in todo:
+        batches.setdefault(i // task_batch, []).append(i)
+    for batch_index, indices in batches.items():
+        scored = _score_batch(
+            backend, tokenizer, task, indices, batch_index, pool, task_batch, reward_functions
+        )
+        new = [problem_record(task.name, i, result) for i, result in zip(indices, scored, strict=True)]
+        append_samples(samples_path, new)
+        if getattr(pool, "failures", None) is not None:
+            pool.failures.raise_if_stopped()  # after the batch's records, its failures' reasons among them
+        for i, record in zip(indices, new):
+            done[i] = record
+            correct.append(record["num_correct"] / record["num_samples"])
+        bar.set_postfix(acc=f"{sum(correct) / len(correct):.3f}", refresh=False)
+        bar.update(len(new))
+    bar.close()
+    ordered = [done[i] for i in range(len(task.problems))]
+    metrics = benchmark_metrics(ordered, greedy=task.setting.greedy, pass_k=pass_k)
+    results["benchmarks"][task.name] = {
+        **metrics,
+        "source": task.source,
+        "settings": task.setting.as_dict(),
+    }
+    results["created"] = datetime.now(UTC).isoformat(timespec="seconds")
+    _write_json_atomic(results_path, results)
+    seconds = time.perf_counter() - start
+    return BenchmarkOutcome(task.name, metrics, len(todo), len(task.problems) - len(todo), seconds), pool
+
+
+def _earlier_results(results_path: Path, model_info: dict, protocol: str | None, log) -> dict:
+    """``results.json`` as far as an earlier run of this folder wrote it (its benchmarks), for this model."""
+    results = {"model": model_info, "benchmarks": {}}
+    if results_path.exists():
+        try:
+            results["benchmarks"] = dict(json.loads(results_path.read_text(encoding="utf-8"))["benchmarks"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            log(f"{results_path}: unreadable, rewriting it from {SAMPLES_FILE}")
+    results["protocol"] = protocol
+    return results
+
+
+def _score_batch(backend, tokenizer, task, indices, batch_index, pool, task_batch, reward_functions):
+    """One batch of ``task``'s problems scored by its setting (``tepo.evaluate.core.score_problems``)."""
+    s = task.setting
+    try:
+        return score_problems(
+            backend,
+            tokenizer,
+            [task.problems[i] for i in indices],
+            pool,
+            instruction=s.instruction,
+            num_samples=s.num_samples,
+            greedy=s.greedy,
+            max_new_tokens=s.max_new_tokens,
+            temperature=s.temperature if not s.greedy else 1.0,
+            top_p=s.top_p,
+            seed=s.seed + batch_index,
+            batch_prompts=task_batch,
+            answer_format=s.answer_format,
+            reward_functions=[f.label for f in reward_functions],
+        )
+    except RolloutError as err:
+        # Finished batches are in samples.jsonl already: the same command resumes after them.
+        raise err.add_context(
+            f"{task.name} problems {indices[0] + 1}-{indices[-1] + 1} of {len(task.problems)}"
+        ) from None
 
 
 def results_table(results: dict, names: Sequence[str] | None = None) -> str:

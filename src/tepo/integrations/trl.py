@@ -104,8 +104,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from tepo.advantages import ADVANTAGE_ESTIMATORS, compute_advantages, filter_groups
 from tepo.integrations.trl_config import TEPO_LENGTH_WEIGHTING, check_advantage_settings, plan_loss
-from tepo.integrations.trl_metrics import TrlMetrics
-from tepo.integrations.trl_metrics import column as adv_column
+from tepo.integrations.trl_emulation import (
+    adapt_entropy_coef,
+    entropy_coef_now,
+    entropy_mean,
+    entropy_threshold,
+    log_trl_metrics,
+    sampler_is_weights,
+)
 from tepo.integrations.trl_token_inputs import (
     checked_requirements,
     frozen_reference_copy,
@@ -113,14 +119,13 @@ from tepo.integrations.trl_token_inputs import (
     local_token_inputs,
     needs_reference_copy,
 )
-from tepo.losses import aggregate, compute_policy_loss, get_policy_loss, mini_batch_stats
+from tepo.integrations.trl_windows import KEEP, annotate_counts, loss_mask, window_counts
+from tepo.losses import compute_policy_loss, get_policy_loss, mini_batch_stats
 
 logger = logging.getLogger(__name__)
 
-# Keys this adapter adds to TRL's per-micro-batch input dicts.
-_NUM_TOKENS = "tepo_num_tokens"
-_NUM_SEQS = "tepo_num_seqs"
-_KEEP = "tepo_keep"
+# The key this adapter adds to TRL's per-micro-batch input dicts for pi_old's entropy (the window counts' keys:
+# tepo.integrations.trl_windows).
 _OLD_ENTROPY = "tepo_old_entropy"
 _MULTIMODAL_KEYS = (
     "pixel_values",
@@ -300,7 +305,7 @@ class TepoGRPOTrainer(GRPOTrainer):
             output["advantages"] = mine.to(output["advantages"].device, output["advantages"].dtype)
         if self.dynamic_sampling:
             result = filter_groups(rewards.float().cpu(), group_size)
-            output[_KEEP] = result.keep_mask[rows].to(output["completion_mask"].device)
+            output[KEEP] = result.keep_mask[rows].to(output["completion_mask"].device)
             for key, value in result.metrics.items():
                 self._metrics[mode][f"tepo/dynamic_sampling/{key}"].append(float(value))
 
@@ -317,43 +322,9 @@ class TepoGRPOTrainer(GRPOTrainer):
         )
         return gather_rows(self.accelerator, local)
 
-    # ------------------------------------------------------------------------------------------------------
-    # Global counts per optimizer window.
-    # ------------------------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _loss_mask(inputs: dict[str, Any]) -> torch.Tensor:
-        mask = inputs["completion_mask"].bool()
-        if inputs.get("tool_mask") is not None:
-            mask = mask & inputs["tool_mask"].bool()
-        if inputs.get(_KEEP) is not None:
-            mask = mask & inputs[_KEEP].bool().unsqueeze(-1)
-        return mask
-
-    @staticmethod
-    def _num_rows(inputs: dict[str, Any]) -> int:
-        """Sequences of the batch as `compute_policy_loss` counts them: every row, except filtered groups'."""
-        keep = inputs.get(_KEEP)
-        return int(keep.sum().item()) if keep is not None else int(inputs["completion_mask"].shape[0])
-
     def _annotate_counts(self, slices: list[dict[str, Any]], window_size: int) -> None:
-        """Write into each slice the global token and sequence counts of its optimizer window, divided by P.
-
-        Windows are groups of ``window_size`` consecutive slices. Counts are summed over all processes (one
-        collective call), then divided by P because the gradients are averaged over processes.
-        """
-        local = torch.tensor(
-            [[float(self._loss_mask(s).sum().item()), float(self._num_rows(s))] for s in slices],
-            device=self.accelerator.device,
-        )
-        totals = self.accelerator.reduce(local, reduction="sum").cpu()  # [num_slices, 2]
-        processes = float(self.accelerator.num_processes)
-        for start in range(0, len(slices), window_size):
-            tokens, seqs = totals[start : start + window_size].sum(dim=0).tolist()
-            for s in slices[start : start + window_size]:
-                # max(., 1): a window whose groups were all filtered has no tokens; its loss is then 0.
-                s[_NUM_TOKENS] = max(tokens, 1.0) / processes
-                s[_NUM_SEQS] = max(seqs, 1.0) / processes
+        """The exact counts of each optimizer window, into its slices (`tepo.integrations.trl_windows`)."""
+        annotate_counts(self.accelerator, slices, window_size)
 
     def _prepare_inputs(self, generation_batch):
         before = self._buffered_inputs
@@ -361,20 +332,6 @@ class TepoGRPOTrainer(GRPOTrainer):
         if self.model.training and self._buffered_inputs is not before and self._tepo_exact_windows:
             self._annotate_counts(self._buffered_inputs, window_size=self.args.gradient_accumulation_steps)
         return inputs
-
-    def _fallback_counts(self, inputs: dict[str, Any]) -> tuple[float, float]:
-        """TRL's own rule (its ``dapo`` normaliser) when exact window counts are not available."""
-        processes = self.accelerator.num_processes
-        tokens = float(inputs["num_items_in_batch"].clamp(min=1.0).item()) / processes
-        seqs = float(self._num_rows(inputs))
-        if self.model.training:
-            # Trainer sets current_gradient_accumulation_steps per window (fewer at an epoch's end).
-            accumulation = getattr(
-                self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps
-            )
-            tokens *= accumulation / self.args.steps_per_generation
-            seqs *= accumulation
-        return tokens, seqs
 
     # ------------------------------------------------------------------------------------------------------
     # The loss.
@@ -394,52 +351,28 @@ class TepoGRPOTrainer(GRPOTrainer):
             compute_aux_loss=self.aux_loss_enabled,
             **{key: inputs.get(key) for key in _MULTIMODAL_KEYS},
         )
-        mask = self._loss_mask(inputs)
+        mask = loss_mask(inputs)
         # TRL skips pi_old's pass when the update is on-policy (old == current policy): then old = sg[current],
         # and pi_old's entropy is sg[current entropy].
         old_logps = inputs.get("old_per_token_logps")
         old_logps = logps.detach() if old_logps is None else old_logps
-        old_entropy = inputs.get(_OLD_ENTROPY)
-        if old_entropy is None and self._tepo_needs_old_entropy:
-            if inputs.get("old_per_token_logps") is not None:
-                raise RuntimeError(
-                    "tepo_kl_mask_coef needs pi_old's entropies, but TRL's pi_old pass was not captured"
-                )
-            old_entropy = entropies.detach()
-        if _NUM_TOKENS in inputs:
-            num_tokens, num_seqs = inputs[_NUM_TOKENS], inputs[_NUM_SEQS]
-        else:
-            num_tokens, num_seqs = self._fallback_counts(inputs)
+        num_tokens, num_seqs = window_counts(self, inputs)
         options = dict(self.loss_options)
         options.setdefault("num_seqs", num_seqs)
-        is_weights = self._sampler_is_weights(inputs, logps)
-        # vLLM's own log-probs (TRL stores them with use_vllm): the "behaviour" policy of dppo_tv / dppo_kl,
-        # off_policy_mask and m2po_threshold. A token vLLM could not score is NaN there: no evidence of drift, so
-        # its behaviour is pi_old's.
-        rollout_logp = inputs.get("sampling_per_token_logps")
-        if rollout_logp is not None:
-            rollout_logp = torch.where(torch.isnan(rollout_logp), old_logps.detach(), rollout_logp)
+        rollout_logp = self._behaviour_logp(inputs, old_logps)
         mode = "train" if self.model.training else "eval"
         tensors = dict(logp=logps, old_logp=old_logps, advantages=inputs["advantages"], mask=mask)
         batch_stats, entropy_keep = None, None
         if options.get("top_entropy_quantile") is not None:
-            # TRL's selection, by TRL's own get_high_entropy_mask: the quantile of this micro-batch's entropies
-            # over all processes (float32 torch.quantile), not tepo's optimizer mini-batch (float64).
-            threshold = self._trl_entropy_threshold(entropies, mask, options["top_entropy_quantile"])
-            stats = mini_batch_stats(
-                self.loss_name, **tensors, entropy=entropies, rollout_logp=rollout_logp, **options
-            )
-            selection = dataclasses.replace(stats.selection, entropy_threshold=threshold)
-            batch_stats = dataclasses.replace(stats, selection=selection)
-            entropy_keep = mask & (entropies.detach() >= threshold)
+            batch_stats, entropy_keep = self._trl_entropy_selection(tensors, entropies, rollout_logp, options)
         loss, metrics = compute_policy_loss(
             self.loss_name,
             **tensors,
             ref_logp=inputs.get("ref_per_token_logps"),
             entropy=entropies,
-            old_entropy=old_entropy,
+            old_entropy=self._old_entropy(inputs, entropies),
             num_tokens=num_tokens,
-            is_weights=is_weights,
+            is_weights=sampler_is_weights(inputs, logps),
             rollout_logp=rollout_logp,
             batch_stats=batch_stats,
             **options,
@@ -453,14 +386,12 @@ class TepoGRPOTrainer(GRPOTrainer):
         without_entropy = loss.detach() - metrics.get("entropy_bonus", 0.0)
         if self._entropy_bonus_enabled:  # GRPOConfig.entropy_coef != 0 or use_adaptive_entropy (TRL's flag)
             selected = mask if entropy_keep is None else entropy_keep
-            loss = loss - self._trl_entropy_coef_now() * self._trl_entropy_mean(
-                entropies, selected, accumulation
-            )
+            loss = loss - entropy_coef_now(self) * entropy_mean(entropies, selected, accumulation)
             metrics["trl_entropy_bonus"] = float(loss.detach() - metrics["loss"])
             metrics["loss"] = float(loss.detach())
             if self.use_adaptive_entropy and mode == "train":
-                self._trl_adapt_entropy_coef(entropies, selected)
-        self._log_trl_metrics(mode, tensors, inputs, entropies, without_entropy, accumulation)
+                adapt_entropy_coef(self, entropies, selected)
+        log_trl_metrics(self, mode, tensors, inputs, entropies, without_entropy, accumulation)
         if self.aux_loss_enabled:
             # As TRL: the MoE router loss is a model term, scaled for gradient accumulation.
             normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
@@ -471,101 +402,39 @@ class TepoGRPOTrainer(GRPOTrainer):
         self._log_loss_metrics(mode, metrics)
         return loss
 
-    def _trl_entropy_threshold(self, entropies: torch.Tensor, mask: torch.Tensor, rho: float) -> float:
-        """A threshold selecting exactly the tokens TRL's own ``get_high_entropy_mask`` keeps (called unmodified:
-        the float32 (1 - rho) quantile of every process's loss tokens' entropies in this micro-batch): the smallest
-        kept entropy, as ``H >= it`` keeps the same set; +inf (nothing kept) when TRL keeps none."""
-        kept = GRPOTrainer.get_high_entropy_mask(self, entropies.detach(), mask, 1.0 - rho)
-        if not bool(kept.any()):
-            return math.inf
-        return float(entropies.detach()[kept].min())
-
-    def _trl_entropy_coef_now(self) -> float:
-        """TRL's coefficient for this micro-batch: ``entropy_coef``, or with ``use_adaptive_entropy`` the value set
-        at the end of the previous optimizer step, gated off while the last measured entropy is above target."""
-        if self.use_adaptive_entropy and not self._last_world_entropy <= self.args.entropy_target:
-            return 0.0
-        return self.entropy_coef
-
-    def _trl_adapt_entropy_coef(self, entropies: torch.Tensor, selected: torch.Tensor) -> None:
-        """TRL's adaptive entropy controller, step for step (TRL 1.16 ``_compute_loss``), on TRL's own state
-        (``entropy_coef``, ``_last_world_entropy``, ``_entropy_window_stats``; TRL checkpoints them): accumulate
-        the window's entropy sum and token count; at the optimizer-step boundary raise the coefficient by
-        ``entropy_coef_delta`` if the window's entropy is at or below ``entropy_target``, else lower it, within
-        ``[entropy_coef_min, entropy_coef_max]``."""
-        weights = selected.to(entropies.dtype)
-        stats = torch.stack([(entropies * weights).sum(), weights.sum()]).detach()
-        window = self._entropy_window_stats
-        self._entropy_window_stats = stats if window is None else window + stats
-        if not self.accelerator.sync_gradients:
-            return
-        totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
-        world_entropy = (totals[0] / totals[1].clamp(min=1.0)).item()
-        args = self.args
-        if world_entropy <= args.entropy_target:
-            self.entropy_coef = min(self.entropy_coef + args.entropy_coef_delta, args.entropy_coef_max)
-        else:
-            self.entropy_coef = max(self.entropy_coef - args.entropy_coef_delta, args.entropy_coef_min)
-        self._last_world_entropy = world_entropy
-        self._entropy_window_stats = None
+    def _old_entropy(self, inputs: dict[str, Any], entropies: torch.Tensor) -> torch.Tensor | None:
+        """pi_old's entropy where TEPO's KL mask reads it: captured at generation, or on-policy the current one."""
+        old_entropy = inputs.get(_OLD_ENTROPY)
+        if old_entropy is None and self._tepo_needs_old_entropy:
+            if inputs.get("old_per_token_logps") is not None:
+                raise RuntimeError(
+                    "tepo_kl_mask_coef needs pi_old's entropies, but TRL's pi_old pass was not captured"
+                )
+            old_entropy = entropies.detach()
+        return old_entropy
 
     @staticmethod
-    def _trl_entropy_mean(entropies: torch.Tensor, mask: torch.Tensor, accumulation: float) -> torch.Tensor:
-        """TRL's entropy bonus: the token mean of H over this micro-batch's (selected) loss tokens, divided by
-        gradient accumulation, whatever the loss's aggregation (tepo's ``entropy_coef`` follows the loss's)."""
-        return aggregate(entropies, mask, "token-mean") / accumulation
+    def _behaviour_logp(inputs: dict[str, Any], old_logps: torch.Tensor) -> torch.Tensor | None:
+        """vLLM's own log-probs (TRL stores them with use_vllm): the "behaviour" policy of dppo_tv / dppo_kl,
+        off_policy_mask and m2po_threshold. A token vLLM could not score is NaN there: no evidence of drift, so
+        its behaviour is pi_old's."""
+        rollout_logp = inputs.get("sampling_per_token_logps")
+        if rollout_logp is not None:
+            rollout_logp = torch.where(torch.isnan(rollout_logp), old_logps.detach(), rollout_logp)
+        return rollout_logp
 
-    def _log_trl_metrics(self, mode, tensors, inputs, entropies, without_entropy, accumulation) -> None:
-        """TRL's own metric names with TRL's meaning (`tepo.integrations.trl_metrics`), beside ``tepo/*``."""
-        plan = self._tepo_plan
-        out = TrlMetrics(
-            tensors["mask"],
-            reduce_sum=lambda x: self.accelerator.reduce(x, reduction="sum"),
-            gather=self.accelerator.gather,
+    def _trl_entropy_selection(self, tensors: dict, entropies, rollout_logp, options: dict) -> tuple:
+        """``(batch_stats, kept tokens)`` of ``top_entropy_quantile`` by TRL's own selection (its
+        get_high_entropy_mask: the quantile of this micro-batch's entropies over all processes, float32
+        torch.quantile), not tepo's optimizer mini-batch (float64)."""
+        threshold = entropy_threshold(self, entropies, tensors["mask"], options["top_entropy_quantile"])
+        stats = mini_batch_stats(
+            self.loss_name, **tensors, entropy=entropies, rollout_logp=rollout_logp, **options
         )
-        logged = self._metrics[mode]
-        ref = inputs.get("ref_per_token_logps")
-        if self.beta != 0.0 and ref is not None:
-            estimator = self.loss_options.get("kl_estimator", "k3")
-            logged["kl"].append(out.kl(tensors["logp"], ref, tensors["old_logp"], estimator))
-        logged["entropy"].append(out.global_mean(entropies))
-        for key, value in out.clip_ratios(
-            plan, tensors["logp"], tensors["old_logp"], tensors["advantages"]
-        ).items():
-            logged[key].append(value)
-        if self.loss_name == "vespo":
-            weights = {**get_policy_loss("vespo").defaults, **self.loss_options}
-            phi = GRPOTrainer.get_gamma_weights(
-                advantages=adv_column(tensors["advantages"]),
-                log_ratio_per_token=tensors["logp"].detach() - tensors["old_logp"],
-                mask=tensors["mask"],
-                importance_sampling_ratio=None,
-                k_pos=weights["k_pos"],
-                lambda_pos=weights["lam_pos"],
-                k_neg=weights["k_neg"],
-                lambda_neg=weights["lam_neg"],
-            )
-            logged["vespo/phi_seq_mean"].append(out.global_mean(phi))
-        scale = accumulation if plan.policy_loss_per_micro_batch else 1.0
-        policy = torch.tensor(
-            float(without_entropy) * scale, dtype=torch.float64, device=self.accelerator.device
+        selection = dataclasses.replace(stats.selection, entropy_threshold=threshold)
+        return dataclasses.replace(stats, selection=selection), tensors["mask"] & (
+            entropies.detach() >= threshold
         )
-        logged["policy_loss"].append(self.accelerator.gather(policy).nanmean().item())
-        if self._entropy_bonus_enabled and mode == "train" and self.accelerator.sync_gradients:
-            logged["entropy_coef"].append(self.entropy_coef)
-
-    @staticmethod
-    def _sampler_is_weights(inputs: dict[str, Any], logps: torch.Tensor) -> torch.Tensor | None:
-        """TRL's vLLM importance-sampling weights as [N, T] ``is_weights``, or None when TRL computed none.
-
-        TRL stores them only when ``use_vllm`` and ``vllm_importance_sampling_correction`` are both on; a
-        sequence-level ratio ([N, 1]) is broadcast over the tokens. Masked-out weights (0) stay 0 and their
-        tokens stay in the mask, as in TRL (see the module docstring).
-        """
-        ratio = inputs.get("importance_sampling_ratio")
-        if ratio is None:
-            return None
-        return ratio.detach().to(logps.dtype).expand_as(logps)
 
     def _log_loss_metrics(self, mode: str, metrics: dict[str, float]) -> None:
         """Average the loss's metrics over processes (one collective call) and hand them to TRL's logger."""

@@ -208,54 +208,89 @@ def plan_loss(args: Any, loss_name: str | None, loss_options: dict[str, Any]) ->
         )
     if getattr(args, "use_liger_kernel", False):
         problems.append("use_liger_kernel=True bypasses the loss hook this adapter overrides")
+    trl_loss = _trl_loss(args, problems if loss_name is None else [])
+    if loss_name is None:
+        name, source = _trls_loss(args, trl_loss, options, problems, notes), "trl"
+    else:
+        name, source = loss_name, "loss_name"
+        _check_loss_fields(args, name, loss_options, options, trl_loss, problems, notes)
+    spec = get_policy_loss(name)
+    _map_trl_fields(args, name, source, options, problems)
+    trl_entropy_coef = float(getattr(args, "entropy_coef", 0.0))
+    trl_bonus = trl_entropy_coef != 0.0 or getattr(args, "use_adaptive_entropy", False)
+    if trl_bonus and float(options.get("entropy_coef", 0.0)) != 0.0:
+        problems.append(
+            "entropy_coef in both GRPOConfig (TRL's token mean, or its adaptive controller) and loss_options (the "
+            "loss's aggregation): keep one"
+        )
+    unknown = sorted(set(options) - set(valid_options(spec)))
+    if unknown:
+        problems.append(
+            f"unknown loss_options {', '.join(unknown)} for policy loss {name!r}; valid options: "
+            f"{', '.join(o for o in valid_options(spec) if o not in ('kl_coef', 'num_seqs'))}"
+        )
+    if problems:
+        raise ValueError("TepoGRPOTrainer cannot honour: " + "; ".join(problems))
+    if name in ("tepo", "tepo_token"):
+        notes.append(TEPO_LENGTH_WEIGHTING)
+    plan = LossPlan(name=name, options=options, source=source, trl_entropy_coef=trl_entropy_coef, notes=notes)
+    _describe_clip(plan, args.loss_type)
+    return plan
+
+
+def _trls_loss(args: Any, trl_loss, options: dict[str, Any], problems: list[str], notes: list[str]) -> str:
+    """``loss_name=None``: the registry loss GRPOConfig describes, its fixed options into ``options``."""
+    loss_type = args.loss_type
+    if trl_loss is None:
+        raise ValueError("TepoGRPOTrainer cannot honour: " + "; ".join(problems))
+    name, fixed = trl_loss
+    for key, value in fixed.items():
+        if key in options and options[key] != value:
+            problems.append(
+                f"{key}={options[key]!r} in loss_options conflicts with GRPOConfig's loss "
+                f"(loss_type={loss_type!r} gives {key}={value!r}): set it in GRPOConfig, or pass loss_name"
+            )
+    if "eps" in options:
+        problems.append(
+            "eps in loss_options: with loss_name=None the clip range is GRPOConfig.epsilon(_high)"
+        )
+    options.update(fixed)
+    if loss_type == "bnpo":
+        notes.append(
+            "loss_type='bnpo' divides each micro-batch by its own token count; the adapter divides by the "
+            "optimizer window's (the exact token mean): equal with one micro-batch per window"
+        )
+    if loss_type == "vespo" and args.use_vllm and args.vllm_importance_sampling_correction:
+        problems.append(
+            "loss_type='vespo' with vLLM's importance-sampling correction: TRL folds the sampler ratio into "
+            "VESPO's sequence weight, the registry's vespo multiplies it into the loss; set "
+            "vllm_importance_sampling_correction=False"
+        )
+    return name
+
+
+def _check_loss_fields(
+    args, name, loss_options, options, trl_loss, problems: list[str], notes: list[str]
+) -> None:
+    """``loss_name`` given: GRPOConfig's loss fields must be TRL's defaults or describe the same loss."""
     defaults = trl_defaults()
     changed = [k for k in LOSS_FIELDS if getattr(args, k, defaults[k]) != defaults[k]]
-    trl_loss = _trl_loss(args, problems if loss_name is None else [])
-    loss_type = args.loss_type
+    if changed and not (trl_loss is not None and _same_loss(name, options, *trl_loss)):
+        described = f" (TRL's loss is registry {trl_loss[0]!r} with {trl_loss[1]})" if trl_loss else ""
+        problems.append(
+            f"GRPOConfig sets {', '.join(f'{k}={getattr(args, k)!r}' for k in changed)}{described}, which is "
+            f"not loss_name={name!r} with loss_options {loss_options or {}}: pass loss_name=None to train "
+            "TRL's loss, or leave those fields at TRL's defaults (loss_name and loss_options set the loss)"
+        )
+    elif not changed:
+        notes.append(
+            f"GRPOConfig's loss fields are TRL's defaults and not used: the loss is {name!r} (loss_name)"
+        )
 
-    if loss_name is None:
-        if trl_loss is None:
-            raise ValueError("TepoGRPOTrainer cannot honour: " + "; ".join(problems))
-        name, fixed = trl_loss
-        for key, value in fixed.items():
-            if key in options and options[key] != value:
-                problems.append(
-                    f"{key}={options[key]!r} in loss_options conflicts with GRPOConfig's loss "
-                    f"(loss_type={loss_type!r} gives {key}={value!r}): set it in GRPOConfig, or pass loss_name"
-                )
-        if "eps" in options:
-            problems.append(
-                "eps in loss_options: with loss_name=None the clip range is GRPOConfig.epsilon(_high)"
-            )
-        options.update(fixed)
-        source = "trl"
-        if loss_type == "bnpo":
-            notes.append(
-                "loss_type='bnpo' divides each micro-batch by its own token count; the adapter divides by the "
-                "optimizer window's (the exact token mean): equal with one micro-batch per window"
-            )
-        if loss_type == "vespo" and args.use_vllm and args.vllm_importance_sampling_correction:
-            problems.append(
-                "loss_type='vespo' with vLLM's importance-sampling correction: TRL folds the sampler ratio into "
-                "VESPO's sequence weight, the registry's vespo multiplies it into the loss; set "
-                "vllm_importance_sampling_correction=False"
-            )
-    else:
-        name = loss_name
-        source = "loss_name"
-        if changed and not (trl_loss is not None and _same_loss(name, options, *trl_loss)):
-            described = f" (TRL's loss is registry {trl_loss[0]!r} with {trl_loss[1]})" if trl_loss else ""
-            problems.append(
-                f"GRPOConfig sets {', '.join(f'{k}={getattr(args, k)!r}' for k in changed)}{described}, which is "
-                f"not loss_name={name!r} with loss_options {loss_options or {}}: pass loss_name=None to train "
-                "TRL's loss, or leave those fields at TRL's defaults (loss_name and loss_options set the loss)"
-            )
-        elif not changed:
-            notes.append(
-                f"GRPOConfig's loss fields are TRL's defaults and not used: the loss is {name!r} (loss_name)"
-            )
 
-    spec = get_policy_loss(name)
+def _map_trl_fields(args: Any, name: str, source: str, options: dict[str, Any], problems: list[str]) -> None:
+    """GRPOConfig's delta, KL bias correction, off-policy mask and entropy selection as the loss's options."""
+    spec, loss_type = get_policy_loss(name), args.loss_type
     effective = _effective(name, options)
     # delta: TRL clamps the unclipped ratio at delta inside the PPO min. For A < 0 that is dual-clip with
     # c = delta; for A > 0 it changes nothing while delta > 1 + eps_high (the clipped term is the smaller).
@@ -294,27 +329,13 @@ def plan_loss(args: Any, loss_name: str | None, loss_options: dict[str, Any]) ->
     rho = float(getattr(args, "top_entropy_quantile", 1.0))
     if rho < 1.0:
         _set_once(options, "top_entropy_quantile", rho, "top_entropy_quantile", problems)
-    trl_entropy_coef = float(getattr(args, "entropy_coef", 0.0))
-    trl_bonus = trl_entropy_coef != 0.0 or getattr(args, "use_adaptive_entropy", False)
-    if trl_bonus and float(options.get("entropy_coef", 0.0)) != 0.0:
-        problems.append(
-            "entropy_coef in both GRPOConfig (TRL's token mean, or its adaptive controller) and loss_options (the "
-            "loss's aggregation): keep one"
-        )
-    unknown = sorted(set(options) - set(valid_options(spec)))
-    if unknown:
-        problems.append(
-            f"unknown loss_options {', '.join(unknown)} for policy loss {name!r}; valid options: "
-            f"{', '.join(o for o in valid_options(spec) if o not in ('kl_coef', 'num_seqs'))}"
-        )
-    if problems:
-        raise ValueError("TepoGRPOTrainer cannot honour: " + "; ".join(problems))
-    if name in ("tepo", "tepo_token"):
-        notes.append(TEPO_LENGTH_WEIGHTING)
 
-    effective = _effective(name, options)
-    plan = LossPlan(name=name, options=options, source=source, trl_entropy_coef=trl_entropy_coef, notes=notes)
-    if source == "trl":
+
+def _describe_clip(plan: LossPlan, loss_type: str) -> None:
+    """What TRL's own metrics need to know of the loss: its clip range and level, CISPO's cap."""
+    name = plan.name
+    effective = _effective(name, plan.options)
+    if plan.source == "trl":
         plan.policy_loss_per_micro_batch = loss_type in PER_MICRO_BATCH_TYPES
     else:
         plan.policy_loss_per_micro_batch = effective["agg"] != "token-mean"
@@ -325,4 +346,3 @@ def plan_loss(args: Any, loss_name: str | None, loss_options: dict[str, Any]) ->
         cap = effective.get("cap")
         plan.cispo_cap = float(cap) if cap is not None else 1.0 + float(effective["eps_high"])
         plan.cispo_level = "sequence" if name == "cispo_seq" else "token"
-    return plan

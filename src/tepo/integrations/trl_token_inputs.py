@@ -1,5 +1,5 @@
 """The per-token tensors a token-level advantage estimator reads, computed where `TepoGRPOTrainer` computes
-advantages: right after TRL's generation and scoring (issue #44).
+advantages: right after TRL's generation and scoring.
 
 An estimator declares what it reads (`tepo.advantages.estimator_requires`); TRL computes advantages from
 rewards only, so this module supplies, on every process, for the rows of that process:
@@ -30,7 +30,7 @@ from trl.models import prepare_deepspeed, prepare_fsdp
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import add_fused_lm_head, use_adapter
 
-from tepo.advantages import ADVANTAGE_ESTIMATORS, estimator_requires
+from tepo.advantages import ADVANTAGE_ESTIMATORS, estimator_requires, zero_log_ratio_problem
 
 # What this module can compute at TRL's advantage time.
 COMPUTABLE = frozenset({"mask", "logp", "old_logp", "entropy", "ref_logp"})
@@ -54,20 +54,8 @@ def checked_requirements(name: str, options: dict[str, Any] | None) -> frozenset
             f"advantage_estimator {name!r} needs {', '.join(sorted(missing))} at advantage time, which "
             f"TepoGRPOTrainer does not compute from TRL; use one of {', '.join(available)}{gdpo}"
         )
-    if {"logp", "old_logp"} <= needs:
-        defaults = ADVANTAGE_ESTIMATORS[name].defaults
-        changed = {k: v for k, v in (options or {}).items() if k not in defaults or defaults[k] != v}
-        fix = (
-            f" Drop {', '.join(f'{k}={v!r}' for k, v in changed.items())}: with the defaults {name!r} does not "
-            "read old_logp."
-            if changed and not {"logp", "old_logp"} <= estimator_requires(name, {})
-            else ""
-        )
-        raise ValueError(
-            f"advantage_estimator {name!r} with these options compares logp with old_logp, but advantages are "
-            "computed once per generation, before any update, where the two are the same tensor: that term "
-            f"would be 0 at every step.{fix}"
-        )
+    if (problem := zero_log_ratio_problem(name, options)) is not None:
+        raise ValueError(f"advantage_estimator {problem}")
     return needs
 
 

@@ -20,7 +20,7 @@ returning ``(per-token loss [N, T], metrics)``.
 # Importing these modules registers the built-in losses, in the order of docs/algorithms.md.
 from tepo.losses import token_ratio, sequence_ratio, covariance  # noqa: F401
 from tepo.losses import soft_weight, divergence_mask  # noqa: F401
-from tepo.losses import plain_gradient  # noqa: F401  (verl's gpg and dro, issue #39)
+from tepo.losses import plain_gradient  # noqa: F401  (verl's gpg and dro)
 
 # Objectives of open TRL / verl pull requests (docs/parity.md names each head commit).
 from tepo.losses import unbounded_positive, trust_budget, tapered  # noqa: F401

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -166,10 +167,8 @@ def compute_policy_loss(
     ``ratio_mean``, ``ratio_max``, ``entropy`` (when given), each active regularizer's value (``entropy_bonus``,
     ``kl_ref``, ``tepo_kl_mask``, ``tepo_kl_mask_frac``).
     """
-    spec = get_policy_loss(name)
-    own, common = _split_options(spec, options)
-    selection_stats = _hand_batch_stats(spec, own, options, batch_stats)
-    inputs = prepare_inputs(
+    bound = bind_policy_loss(name, **options)
+    return bound(
         logp=logp,
         old_logp=old_logp,
         advantages=advantages,
@@ -178,27 +177,79 @@ def compute_policy_loss(
         entropy=entropy,
         old_entropy=old_entropy,
         num_tokens=num_tokens,
-        num_seqs=common["num_seqs"],
-        max_len=common["max_len"],
         is_weights=is_weights,
+        batch_stats=batch_stats,
         rollout_logp=rollout_logp,
     )
-    _check_required_inputs(spec, common, inputs)
-    agg = common["agg"] or spec.default_agg
-    policy_loss, metrics = _policy_term(spec, inputs, own, common, selection_stats, agg)
-    regularizers, regularizer_metrics = _regularizers(inputs, common, agg)
-    total = policy_loss
-    for term in regularizers:  # one by one, in their order: the same float sums as one expression
-        total = total + term
-    metrics.update(regularizer_metrics)
-    metrics["policy_loss"] = scalar_value(policy_loss)
-    metrics["loss"] = scalar_value(total)
-    return total, metrics
 
 
-def _hand_batch_stats(
-    spec: PolicyLossSpec, own: dict[str, Any], options: dict[str, Any], batch_stats: Any
-) -> SelectionStats | None:
+@dataclass(frozen=True)
+class BoundPolicyLoss:
+    """A policy loss with its options checked and split once (:func:`bind_policy_loss`): calling it computes what
+    ``compute_policy_loss(name, ..., **options)`` computes, with ``num_seqs`` given per call where a caller's
+    sequence count changes between calls (a mini-batch's rows)."""
+
+    spec: PolicyLossSpec
+    own: dict[str, Any]
+    common: dict[str, Any]
+
+    def __call__(
+        self,
+        *,
+        logp: torch.Tensor,
+        old_logp: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        ref_logp: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
+        old_entropy: torch.Tensor | None = None,
+        num_tokens: float | int | torch.Tensor | None = None,
+        num_seqs: float | int | None = None,
+        is_weights: torch.Tensor | None = None,
+        batch_stats: Any = None,
+        rollout_logp: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        spec, own, common = self.spec, dict(self.own), self.common
+        if num_seqs is not None:
+            common = {**common, "num_seqs": num_seqs}
+        selection_stats = _hand_batch_stats(spec, own, batch_stats)
+        inputs = prepare_inputs(
+            logp=logp,
+            old_logp=old_logp,
+            advantages=advantages,
+            mask=mask,
+            ref_logp=ref_logp,
+            entropy=entropy,
+            old_entropy=old_entropy,
+            num_tokens=num_tokens,
+            num_seqs=common["num_seqs"],
+            max_len=common["max_len"],
+            is_weights=is_weights,
+            rollout_logp=rollout_logp,
+        )
+        _check_required_inputs(spec, common, inputs)
+        agg = common["agg"] or spec.default_agg
+        policy_loss, metrics = _policy_term(spec, inputs, own, common, selection_stats, agg)
+        regularizers, regularizer_metrics = _regularizers(inputs, common, agg)
+        total = policy_loss
+        for term in regularizers:  # one by one, in their order: the same float sums as one expression
+            total = total + term
+        metrics.update(regularizer_metrics)
+        metrics["policy_loss"] = scalar_value(policy_loss)
+        metrics["loss"] = scalar_value(total)
+        return total, metrics
+
+
+def bind_policy_loss(name: str, **options: Any) -> BoundPolicyLoss:
+    """Policy loss ``name`` with ``options`` (those of :func:`compute_policy_loss`) checked once: unknown or
+    invalid options raise ValueError here, not at the first micro-batch. A trainer binds its loss when it plans
+    its updates, as verl binds a loss's config once."""
+    spec = get_policy_loss(name)
+    own, common = _split_options(spec, options)
+    return BoundPolicyLoss(spec, own, common)
+
+
+def _hand_batch_stats(spec: PolicyLossSpec, own: dict[str, Any], batch_stats: Any) -> SelectionStats | None:
     """Put the loss's share of ``batch_stats`` into its own options (``spec.batch_stats_option``); returns the
     selection options' share."""
     loss_stats, selection_stats = _split_batch_stats(batch_stats)
@@ -207,7 +258,7 @@ def _hand_batch_stats(
             raise ValueError(
                 f"policy loss {spec.name!r} takes no batch_stats (its spec.needs_batch_stats is False)"
             )
-        if spec.batch_stats_option in options:
+        if spec.batch_stats_option in own:
             raise ValueError(f"pass either batch_stats or {spec.batch_stats_option}, not both")
         own[spec.batch_stats_option] = loss_stats
     return selection_stats

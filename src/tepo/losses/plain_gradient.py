@@ -1,4 +1,4 @@
-"""Policy-gradient losses without a ratio clip, as verl 0.9.1 registers them: gpg and dro (issue #39).
+"""Policy-gradient losses without a ratio clip, as verl 0.9.1 registers them: gpg and dro.
 
 verl's third name of this kind, ``bypass_mode``, is not a loss but a way to feed one: the trainer sets the old
 policy to the sampler's log-probs (no recomputation pass) and the loss is ``vanilla`` (PPO clip on

@@ -2,7 +2,8 @@
 
 - :mod:`tepo.metrics.log`: the per-step ``metrics.jsonl`` log (the record of truth) and its TensorBoard / W&B sinks,
 - :mod:`tepo.metrics.tokens`: per-token rollout records (``samples/step_XXXXXX.json``) for the token view,
-- :mod:`tepo.metrics.names`: the metric groups (``reward/mean``), and the map that reads old logs' flat names,
+- :mod:`tepo.metrics.catalogue`: the metric groups and every name a run logs (``reward/mean``),
+- :mod:`tepo.metrics.names`: the map that reads old logs' flat names,
 - :mod:`tepo.metrics.tables`: plain-text / Markdown tables.
 
 Readers, plots and the HTML report of these records live in :mod:`tepo.report`.
@@ -10,7 +11,8 @@ Readers, plots and the HTML report of these records live in :mod:`tepo.report`.
 
 from __future__ import annotations
 
+from tepo.metrics.catalogue import in_group
 from tepo.metrics.log import MetricsLog, read_metrics, truncate_metrics
-from tepo.metrics.names import canonical, in_group, metric_name
+from tepo.metrics.names import canonical, metric_name
 
 __all__ = ["MetricsLog", "canonical", "in_group", "metric_name", "read_metrics", "truncate_metrics"]

@@ -1,35 +1,17 @@
-"""Metric names are grouped by the phase that computes them, and named so where they are computed (verl logs
-``actor/pg_clipfrac`` the same way):
-
-- ``rollout/``: sampling and the batch it gave (groups kept and dropped, lengths, truncation, policy lag),
-- ``reward/``: scoring (batch reward and accuracy, verifier time-outs and errors, each reward function's mean),
-- ``update/``: the policy update (the loss and its metrics, clip fractions, ratios, KL, entropy, gradient norm,
-  learning rate, optimizer steps applied and skipped),
-- ``mismatch/``: the sampler/trainer gap on the batch and the rollout correction's importance weights,
-- ``parity/``: the engine's weight-sync check (``tepo.rollout.parity``),
-- ``eval/``: held-out accuracies, on the steps that evaluate,
-- ``time/``: seconds per phase and tokens per second,
-- ``memory/``: peak memory.
-
-``step`` stays at the top level. The collect phase (``tepo.training.collect``), the update
-(``tepo.training.update``), the step (``tepo.training.step``) and the trainer write these names; a library
-function that names its own values (a loss's ``clip_frac_high``, the guard's ``parity_gap``) is put in its group
-by the phase that logs it (:func:`in_group`). The log writes rows as they come.
-
-What stays here is the reading map: runs written before the grouping (2026-12-05) have flat names, and
-:func:`canonical`, which ``tepo.metrics.read_metrics`` applies to every row, gives them the grouped ones, so every
-reader (``tepo compare``, ``tepo report``, the scripts of the results pages) is written against the grouped names
-only and still reads old runs. The table is that map, old flat name -> grouped name, and nothing writes by it.
+"""The reading map of old logs: runs written before metric names were grouped by phase hold flat names
+(``reward_mean``, ``clip_frac_high``), and :func:`canonical`, which ``tepo.metrics.read_metrics`` applies to every
+row, gives them the grouped ones (``reward/mean``, ``update/clip_frac_high``), so every reader (``tepo compare``,
+``tepo report``, the scripts of the results pages) is written against the grouped names only and still reads old
+runs. The table is that map, old flat name -> grouped name, per group, and nothing writes by it; a metric logged
+only under its grouped name has no entry (the names a run logs: ``tepo.metrics.catalogue``).
 """
 
 from __future__ import annotations
 
-STEP = "step"
-
-_GROUPS: dict[str, dict[str, str]] = {
+_OLD_NAMES: dict[str, dict[str, str]] = {
     "rollout": {
-        "policy_lag": "policy_lag",  # 1: sampled during the previous update (overlapped rollouts)
-        "rounds": "rounds",  # sampling rounds (dynamic sampling refills)
+        "policy_lag": "policy_lag",
+        "rounds": "rounds",
         "groups_total": "groups_total",
         "groups_dropped": "groups_dropped",
         "frac_groups_dropped": "frac_groups_dropped",
@@ -47,16 +29,10 @@ _GROUPS: dict[str, dict[str, str]] = {
         "reward_timeouts": "timeouts",
         "reward_errors": "errors",
         "overlong_penalty_mean": "overlong_penalty_mean",
-        # Groups whose G rewards are all equal (GRPO: no gradient), and the share of their tokens that the
-        # estimator still gave a nonzero advantage (EP-GRPO's polarity fallback; tepo.advantages.filtering).
-        "frac_groups_all_equal": "frac_groups_all_equal",
-        "frac_all_equal_tokens_advantaged": "frac_all_equal_tokens_advantaged",
-        "reward_timeouts_total": "timeouts_total",  # the run's running totals, across resumes
+        "reward_timeouts_total": "timeouts_total",
         "reward_parse_failures": "parse_failures_total",
     },
     "update": {
-        # The loss (tepo.losses.compute_policy_loss and the registered losses' own metrics), token-weighted
-        # over the micro-batches of the step.
         "loss": "loss",
         "policy_loss": "policy_loss",
         "clip_frac_low": "clip_frac_low",
@@ -69,10 +45,6 @@ _GROUPS: dict[str, dict[str, str]] = {
         "ratio_max": "ratio_max",
         "seq_ratio_mean": "seq_ratio_mean",
         "seq_ratio_max": "seq_ratio_max",
-        "seq_ratio_min": "seq_ratio_min",
-        "seq_ratio_p10": "seq_ratio_p10",
-        "seq_ratio_p50": "seq_ratio_p50",
-        "seq_ratio_p90": "seq_ratio_p90",
         "entropy": "entropy",
         "entropy_bonus": "entropy_bonus",
         "kl_ref": "kl_ref",
@@ -88,39 +60,18 @@ _GROUPS: dict[str, dict[str, str]] = {
         "dro_log_ratio_mean": "dro_log_ratio_mean",
         "sapo_gate_mean": "sapo_gate_mean",
         "vespo_phi_mean": "vespo_phi_mean",
-        # The objectives of open TRL / verl pull requests (up, cppo, topr, stare, fipo): their upstream metrics.
-        "ppo_kl": "ppo_kl",
-        "up_clipfrac": "up_clipfrac",
-        "up_clipfrac_lower": "up_clipfrac_lower",
-        "up_low_mean": "up_low_mean",
-        "up_low_min": "up_low_min",
-        "cppo_masked_frac": "cppo_masked_frac",
-        "cppo_tis_capped_frac": "cppo_tis_capped_frac",
-        "topr_negative_seq_frac": "topr_negative_seq_frac",
-        "topr_taper_weight_mean": "topr_taper_weight_mean",
-        "stare_gate_on": "stare_gate_on",
-        "stare_batch_entropy": "stare_batch_entropy",
-        "stare_positive_reweight_ratio": "stare_positive_reweight_ratio",
-        "stare_negative_reweight_ratio": "stare_negative_reweight_ratio",
-        "stare_mean_weight": "stare_mean_weight",
-        "fipo_influence_weights_mean_raw": "fipo_influence_weights_mean_raw",
-        "fipo_influence_weight_clip_ratio_upper": "fipo_influence_weight_clip_ratio_upper",
-        "fipo_influence_weight_clip_ratio_lower": "fipo_influence_weight_clip_ratio_lower",
-        "fipo_sequence_drop_ratio": "fipo_sequence_drop_ratio",
-        # The update loop (tepo.training.update) and the trainer around it.
         "entropy_mean": "entropy_mean",
         "grad_norm": "grad_norm",
         "grad_norm_max": "grad_norm_max",
         "optimizer_updates": "optimizer_updates",
-        "skipped_updates": "skipped_updates",  # optimizer steps not applied (non-finite loss or gradient)
+        "skipped_updates": "skipped_updates",
         "update_padding_share": "padding_share",
         "lr": "lr",
         "bad_steps_in_row": "bad_steps_in_row",
-        "skipped_update": "skipped_update",  # no update at all this step (dynamic sampling kept no group)
+        "skipped_update": "skipped_update",
         "skip_reason": "skip_reason",
     },
     "mismatch": {
-        # tepo.losses.rollout_mismatch_metrics: the sampler pi_s against the trainer's pi_old.
         "mismatch_kl_k1": "kl_k1",
         "mismatch_kl_k3": "kl_k3",
         "mismatch_abs_log_ratio_mean": "abs_log_ratio_mean",
@@ -132,7 +83,6 @@ _GROUPS: dict[str, dict[str, str]] = {
         "mismatch_seq_ratio_std": "seq_ratio_std",
         "mismatch_seq_ratio_min": "seq_ratio_min",
         "mismatch_seq_ratio_max": "seq_ratio_max",
-        # tepo.losses.rollout_correction_weights: what the correction of that gap did.
         "is_weight_mean": "is_weight_mean",
         "is_weight_min": "is_weight_min",
         "is_weight_max": "is_weight_max",
@@ -156,13 +106,13 @@ _GROUPS: dict[str, dict[str, str]] = {
         "eval_sampled_cons": "sampled_cons",
     },
     "time": {
-        "step_seconds": "step_seconds",  # the whole step, waiting for an overlapped batch included
+        "step_seconds": "step_seconds",
         "gen_seconds": "gen_seconds",
         "reward_seconds": "reward_seconds",
         "logprob_seconds": "logprob_seconds",
         "update_seconds": "update_seconds",
         "eval_seconds": "eval_seconds",
-        "rollout_sync_seconds": "rollout_sync_seconds",  # included in gen_seconds
+        "rollout_sync_seconds": "rollout_sync_seconds",
         "rollout_wait_seconds": "rollout_wait_seconds",
         "rollout_stage_seconds": "rollout_stage_seconds",
         "gen_tokens_per_s": "gen_tokens_per_s",
@@ -170,16 +120,15 @@ _GROUPS: dict[str, dict[str, str]] = {
         "update_tokens_per_s": "update_tokens_per_s",
     },
     "memory": {
-        "peak_memory_mb": "peak_rss_mb",  # the process's peak resident memory (host)
-        "gpu_peak_memory_mb": "gpu_peak_mb",  # torch's peak allocation on the GPU
+        "peak_memory_mb": "peak_rss_mb",
+        "gpu_peak_memory_mb": "gpu_peak_mb",
     },
 }
 
-GROUPS = tuple(_GROUPS)
 
-#: flat name (what runs before the grouping logged) -> grouped name (what is written now)
+#: flat name (what runs before the grouping logged) -> grouped name
 NAMES: dict[str, str] = {
-    flat: f"{group}/{name}" for group, names in _GROUPS.items() for flat, name in names.items()
+    flat: f"{group}/{name}" for group, names in _OLD_NAMES.items() for flat, name in names.items()
 }
 
 #: grouped name -> flat name
@@ -204,29 +153,3 @@ def canonical(row: dict) -> dict:
     The table's two sides never share a name (every grouped name holds a ``/``, no flat one does): grouped names
     and unknown keys pass through."""
     return {metric_name(key): value for key, value in row.items()}
-
-
-def in_group(group: str, metrics: dict, *, drop_prefix: str = "") -> dict:
-    """``metrics`` named in ``group`` (one of :data:`GROUPS`): ``clip_frac_high`` -> ``update/clip_frac_high``,
-    with ``drop_prefix="parity_"`` ``parity_gap`` -> ``parity/gap``. For the phase that logs the values of a
-    function that names its own (a loss, the parity guard, the mismatch metrics)."""
-    if group not in _GROUPS:
-        raise ValueError(f"unknown metric group {group!r}; groups: {', '.join(GROUPS)}")
-    return {f"{group}/{key.removeprefix(drop_prefix)}": value for key, value in metrics.items()}
-
-
-def unplaced(keys) -> list[str]:
-    """The keys among ``keys`` that the table does not place: neither ``step``, nor a flat name of the table, nor
-    already grouped (a ``/`` in the name). A test asserts that a training step returns none."""
-    return [k for k in keys if k != STEP and k not in NAMES and "/" not in k]
-
-
-#: names logged once per item of a list in the config, ``<name>`` standing for the item's name: each function of
-#: ``reward.functions`` (``reward/correctness_mean``, ``reward/format_mean``, a reward file's function name)
-PATTERNS: tuple[str, ...] = ("reward/<name>_mean", "reward/<name>_errors", "reward/<name>_timeouts")
-
-
-def ungrouped(keys) -> list[str]:
-    """The keys among ``keys`` that are neither ``step`` nor grouped (a ``/`` in the name): a test asserts that a
-    training step and the trainer write none."""
-    return [k for k in keys if k != STEP and "/" not in k]

@@ -212,7 +212,7 @@ class HFRollout:
             # passed alongside them would see the logits before temperature. The warpers move into the caller's
             # list instead (the same classes, in generate's order: temperature, then top-p) and generate is told
             # temperature=1, top_p=1 so it adds none of its own: the scores sampled from are the same tensor
-            # values as before, and so are the samples for a fixed seed.
+            # values as without the recorder, and so are the samples for a fixed seed.
             recorder = _SampledLogprobs()
             warpers = [] if greedy else _sampling_warpers(float(temperature), float(top_p))
             extra = {

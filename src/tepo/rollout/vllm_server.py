@@ -221,7 +221,7 @@ def _serve(args) -> int:
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             seed=args.seed,
-            # Chosen per device by tepo.rollout.vllm.engine_memory_options: eager on the CPU (start-up was 14 s
+            # Chosen per device by tepo.rollout.vllm_launch.engine_memory_options: eager on the CPU (start-up was 14 s
             # against 72 s compiled on the CPU build), CUDA graphs on a GPU.
             enforce_eager=bool(args.enforce_eager),
             # Token ids in, token ids out: tepo tokenizes and decodes with its own tokenizer.

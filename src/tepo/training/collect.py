@@ -174,9 +174,8 @@ def _score_round(
     device = batch.input_ids.device
     components = torch.tensor(scored.columns, dtype=torch.float32, device=device).T
     weighted = components @ weights.to(device)
-    if (
-        scored.verdicts is None
-    ):  # a task of the user's own: its functions' weighted sum stands for correctness
+    if scored.verdicts is None:
+        # A task of the user's own: its functions' weighted sum stands for correctness.
         rewards, statuses = weighted, ["scored"] * len(weighted)
     else:
         rewards = torch.tensor([v.reward for v in scored.verdicts], dtype=torch.float32, device=device)

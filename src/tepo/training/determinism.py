@@ -1,4 +1,4 @@
-"""``train.deterministic``: the same run twice gives bit-identical weights on CUDA too (issue #35, item 6).
+"""``train.deterministic``: the same run twice gives bit-identical weights on CUDA too.
 
 On the CPU tepo's step is already deterministic (the resume tests compare weights with ``torch.equal``). On CUDA
 two kernels it uses are not, so a resumed run would drift from the uninterrupted one in the last bits:

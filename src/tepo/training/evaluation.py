@@ -1,5 +1,5 @@
 """Held-out evaluation during training: greedy accuracy and (``eval.samples`` > 0) sampled accuracy, with
-(``eval.samples`` > 1) ``eval_sampled_cons``: cons@n, the majority vote over the ``n = eval.samples`` answers of
+(``eval.samples`` > 1) ``eval/sampled_cons``: cons@n, the majority vote over the ``n = eval.samples`` answers of
 each problem (equivalent answers by math-verify, a tie of ``t`` answers scores ``1/t``; `tepo.passk.cons_at_k`).
 
 On a named benchmark (``eval.source=math500``...) the held-out problems are judged by that benchmark's protocol,
@@ -23,6 +23,9 @@ from tepo.evaluate.core import engine_batch_prompts
 from tepo.evaluate.records import problem_records, write_problem_records
 from tepo.evaluate.settings import BENCHMARK_INSTRUCTION, DEFAULT_ANSWER_FORMAT
 from tepo.passk import mean_cons_at_k, mean_pass_at_k
+
+# Each pass's accuracy by its logged name (one name a pass, spelled out for tepo.metrics.catalogue).
+_ACCURACY = {"greedy": "eval/greedy_accuracy", "sampled": "eval/sampled_accuracy"}
 
 
 def held_out_protocol(config: RunConfig) -> dict:
@@ -51,10 +54,11 @@ def evaluate_held_out(
     pass_k: bool = False,
     records_path: Path | None = None,
 ) -> dict:
-    """``eval_greedy_accuracy``, ``eval_sampled_accuracy`` (``eval_sampled_cons``) and ``eval_seconds`` on
-    ``problems``, with a bar; with ``pass_k`` and ``eval.pass_k_samples = n > 0`` also ``eval_pass@k`` for
-    :func:`pass_k_values` (n) (the initial and the trained policy's evaluations ask for it). ``records_path``:
-    where each problem's outcome is written (``tepo.evaluate.records``)."""
+    """``eval/greedy_accuracy``, ``eval/sampled_accuracy`` (``eval/sampled_cons``) and ``time/eval_seconds`` on
+    ``problems``, with a bar, named as a metrics row logs them; with ``pass_k`` and ``eval.pass_k_samples = n > 0``
+    also ``eval/pass@k`` for :func:`pass_k_values` (n) (the initial and the trained policy's evaluations ask for
+    it; the files of a run directory hold these under their own keys: ``tepo.training.summary``).
+    ``records_path``: where each problem's outcome is written (``tepo.evaluate.records``)."""
     from tqdm.auto import tqdm
 
     e, r = config.eval, config.rollout
@@ -100,25 +104,15 @@ def evaluate_held_out(
             if name == "pass_k":
                 correct = [sum(v.status == "correct" for v in r.verdicts) for r in results]
                 for k in pass_k_values(e.pass_k_samples):
-                    out[f"eval_pass@{k}"] = mean_pass_at_k(e.pass_k_samples, correct, k)
+                    out[f"eval/pass@{k}"] = mean_pass_at_k(e.pass_k_samples, correct, k)
                 continue
-            out[f"eval_{name}_accuracy"] = accuracy(results)
+            out[_ACCURACY[name]] = accuracy(results)
             if name == "sampled" and e.samples > 1:
                 # cons@n: majority vote over the eval.samples answers (all of them: one subset), tie 1/t.
-                out["eval_sampled_cons"] = mean_cons_at_k(
+                out["eval/sampled_cons"] = mean_cons_at_k(
                     [(r.votes, [v.status == "correct" for v in r.verdicts]) for r in results], e.samples
                 )
-    out["eval_seconds"] = time.perf_counter() - start
+    out["time/eval_seconds"] = time.perf_counter() - start
     if records_path is not None:
         write_problem_records(records_path, problem_records(problems, by_pass))
     return out
-
-
-def evaluation_metrics(evaluation: dict) -> dict:
-    """An :func:`evaluate_held_out` result as a metrics row names it: ``eval/greedy_accuracy`` (and the sampled
-    ones), ``time/eval_seconds``. (``summary.json`` and ``eval_before.json`` keep the result's own keys.)"""
-    return {
-        # Spelled out, not formatted: the result's keys are a fixed set (eval/<what>_accuracy, eval/pass@<k>, ...).
-        "time/eval_seconds" if key == "eval_seconds" else "eval/" + key.removeprefix("eval_"): value
-        for key, value in evaluation.items()
-    }

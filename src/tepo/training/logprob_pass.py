@@ -9,14 +9,13 @@ import contextlib
 import ctypes
 import functools
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from tepo.batch import trim_columns
 from tepo.device import autocast_device_type
-from tepo.logprobs import response_logprobs
+from tepo.logprobs import TokenLogprobs, response_logprobs
 from tepo.models import attention_implementation, training_attention
 from tepo.rollout.base import RolloutBatch
 from tepo.training.micro_batches import MicroBatchLayout, RowLengths, split_rows
@@ -85,17 +84,25 @@ def held_attention(model, batch: RolloutBatch, settings: LogprobSettings):
 
 
 def rows_logprobs(
-    model, batch: RolloutBatch, rows: Tensor, settings: LogprobSettings, *, entropy: bool, grad: bool
-) -> tuple[Tensor, Tensor | None, slice]:
-    """Log-probs (and entropy) of the response tokens of ``rows``, trimmed to the columns those rows use.
+    model,
+    batch: RolloutBatch,
+    rows: Tensor,
+    settings: LogprobSettings,
+    *,
+    entropy: bool,
+    grad: bool,
+    sum_pi_squared: bool = False,
+) -> tuple[TokenLogprobs, slice]:
+    """Log-probs (and entropy, and without a graph ``sum_pi_squared`` where asked) of the response tokens of
+    ``rows``, trimmed to the columns those rows use.
 
-    Returns ``(logp, entropy, cols)``: ``cols`` slices ``[N, T]`` tensors (masks, advantages) the same way.
+    Returns ``(values, cols)``: ``cols`` slices ``[N, T]`` tensors (masks, advantages) the same way.
     """
     ids, att, t, cols = trim_columns(batch.input_ids[rows], batch.attention_mask[rows], batch.response_len)
     groups = batch.prompt_index[rows] if settings.share_prompt_prefix else None
     autocast = bf16_autocast(settings.autocast_bf16, autocast_device_type(ids.device))
     with torch.set_grad_enabled(grad), autocast:
-        logp, ent = response_logprobs(
+        values = response_logprobs(
             model,
             ids,
             att,
@@ -103,17 +110,9 @@ def rows_logprobs(
             compute_entropy=entropy,
             temperature=settings.temperature,
             prompt_groups=groups,
+            compute_sum_pi_squared=sum_pi_squared,
         )
-    return logp, ent, cols
-
-
-class TokenLogprobs(NamedTuple):
-    """A no-grad pass's per-token values, each ``[N, T]`` (0 at padding): ``logp``, and where asked the entropy
-    and ``sum_v pi(v)^2`` (else None)."""
-
-    logp: Tensor
-    entropy: Tensor | None = None
-    sum_pi_squared: Tensor | None = None
+    return values, cols
 
 
 def batch_logprobs(
@@ -133,36 +132,14 @@ def batch_logprobs(
     lengths = RowLengths.of(batch) if settings.micro_batch_tokens is not None else None
     with held_attention(model, batch, settings):
         for rows in split_rows(torch.arange(n), settings.layout, lengths):
-            if sum_pi_squared:
-                logp, ent, pi2, cols = _rows_with_sum_pi_squared(
-                    model, batch, rows, settings, entropy=entropy
-                )
-                out.sum_pi_squared[rows, cols] = pi2
-            else:
-                logp, ent, cols = rows_logprobs(model, batch, rows, settings, entropy=entropy, grad=False)
-            out.logp[rows, cols] = logp.float()  # float32 also for a float64 model (the exactness tests')
+            values, cols = rows_logprobs(
+                model, batch, rows, settings, entropy=entropy, grad=False, sum_pi_squared=sum_pi_squared
+            )
+            out.logp[rows, cols] = (
+                values.logp.float()
+            )  # float32 also for a float64 model (the exactness tests')
             if entropy:
-                out.entropy[rows, cols] = ent.float()
+                out.entropy[rows, cols] = values.entropy.float()
+            if sum_pi_squared:
+                out.sum_pi_squared[rows, cols] = values.sum_pi_squared
     return out
-
-
-def _rows_with_sum_pi_squared(
-    model, batch: RolloutBatch, rows: Tensor, settings: LogprobSettings, *, entropy: bool
-) -> tuple[Tensor, Tensor | None, Tensor, slice]:
-    """:func:`rows_logprobs` without a graph, plus ``sum_v pi(v)^2`` of each of the rows' response tokens."""
-    ids, att, t_rows, cols = trim_columns(
-        batch.input_ids[rows], batch.attention_mask[rows], batch.response_len
-    )
-    autocast = bf16_autocast(settings.autocast_bf16, autocast_device_type(ids.device))
-    with torch.no_grad(), autocast:
-        logp, ent, pi2 = response_logprobs(
-            model,
-            ids,
-            att,
-            t_rows,
-            compute_entropy=entropy,
-            temperature=settings.temperature,
-            prompt_groups=batch.prompt_index[rows] if settings.share_prompt_prefix else None,
-            compute_sum_pi_squared=True,
-        )
-    return logp, ent, pi2, cols

@@ -1,6 +1,6 @@
 """What a training step is handed: :class:`StepParts`, built once by the trainer (``Trainer._setup_step_parts``).
 
-:func:`build_step_parts` turns a config, a plan and the run's objects into one. It is the single owner of the
+:func:`build_step_parts` turns a config and the run's objects into one. It is the single owner of the
 run's objects (the trainer keeps no second reference: ``Trainer.model`` reads ``parts.model``), and it holds the
 settings a step reads already resolved (:class:`StepSettings`: the reward functions and their weights parsed
 once, not at every step). The step (``tepo.training.step``) and the overlapped rollout
@@ -17,14 +17,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from tepo.config import RunConfig, loss_options
+from tepo.config import RunConfig
 from tepo.data import PromptStream
 from tepo.rewards.functions import parse_reward_functions
 from tepo.rollout.base import RolloutBackend
 from tepo.training.collect import OverlongShaping, SamplerSettings
-from tepo.training.logprob_pass import LogprobSettings
-from tepo.training.micro_batches import resolve_micro_batch_tokens
-from tepo.training.plan import StepPlan, UpdatePlan, UpdateSettings
 from tepo.training.schedule import updates_per_step
 
 if TYPE_CHECKING:  # transformers loads in seconds: not at import of the package
@@ -81,8 +78,8 @@ class StepParts:
 
     ``ref_model``: the reference policy (a frozen copy, or the LoRA policy with its adapters off), None when the
     run's :class:`tepo.training.plan.StepPlan` needs none. ``rollout``: the backend (its ``parity_guard`` handed
-    to it when it was built). ``update_plan``: how the update runs (loss, passes, an in-loop correction, the
-    mini-batch statistics). ``updates_per_step``: planned optimizer updates per step (the LR schedule advances
+    to it when it was built). How the passes and the update run is the plan's, not the parts'.
+    ``updates_per_step``: planned optimizer updates per step (the LR schedule advances
     by it on a step with no batch). ``settings``: what the phases read of the config (:class:`StepSettings`).
     """
 
@@ -96,8 +93,6 @@ class StepParts:
     stream: PromptStream
     sampler: SamplerSettings
     overlong: OverlongShaping | None
-    logprob_settings: LogprobSettings
-    update_plan: UpdatePlan
     updates_per_step: int
     device: torch.device
     run_dir: Path
@@ -105,7 +100,6 @@ class StepParts:
 
 def build_step_parts(
     c: RunConfig,
-    plan: StepPlan,
     *,
     model: torch.nn.Module,
     ref_model: torch.nn.Module | None,
@@ -117,16 +111,8 @@ def build_step_parts(
     device: torch.device,
     run_dir: Path,
 ) -> StepParts:
-    """The :class:`StepParts` of a run of config ``c`` with ``plan``: the objects given, and how each phase runs
-    (sampling, shaping, log-prob passes, the update) as ``c`` asks."""
-    logprob_settings = LogprobSettings(
-        micro_batch_size=c.train.micro_batch_size,
-        temperature=c.rollout.temperature,
-        autocast_bf16=c.model.autocast_bf16,
-        share_prompt_prefix=c.model.share_prompt_prefix,
-        train_attention=c.model.train_attention,
-        micro_batch_tokens=resolve_micro_batch_tokens(c.train.micro_batch_tokens, c.rollout.max_new_tokens),
-    )
+    """The :class:`StepParts` of a run of config ``c``: the objects given, and how sampling and reward shaping
+    run as ``c`` asks."""
     return StepParts(
         settings=StepSettings.of(c),
         model=model,
@@ -138,10 +124,6 @@ def build_step_parts(
         stream=stream,
         sampler=_sampler_settings(c),
         overlong=_overlong_shaping(c),
-        logprob_settings=logprob_settings,
-        # Without an old-policy pass, a correction (one that drops nothing) is computed per micro-batch from the
-        # update's own forward pass; with one, the step computes it once and hands its weights in.
-        update_plan=UpdatePlan(_update_settings(c), logprob_settings, plan.update_correction),
         updates_per_step=updates_per_step(c),
         device=device,
         run_dir=Path(run_dir),
@@ -164,16 +146,4 @@ def _overlong_shaping(c: RunConfig) -> OverlongShaping | None:
         return None
     return OverlongShaping(
         c.rollout.max_new_tokens, c.reward.overlong_buffer, c.reward.overlong_penalty_factor
-    )
-
-
-def _update_settings(c: RunConfig) -> UpdateSettings:
-    return UpdateSettings(
-        loss=c.algorithm.loss,
-        loss_options=loss_options(c.algorithm),
-        epochs=c.train.ppo_epochs,
-        mini_batch_groups=c.train.mini_batch_prompts or c.train.prompts_per_step,
-        group_size=c.rollout.group_size,
-        max_grad_norm=c.optim.max_grad_norm,
-        max_len=float(c.rollout.max_new_tokens),
     )

@@ -16,15 +16,16 @@ plan says (``tepo.training.step`` before the update, ``tepo.training.update`` in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tepo.advantages import ADVANTAGE_ESTIMATORS, estimator_requires
 from tepo.config import AlgorithmConfig, RunConfig, loss_options
 from tepo.losses import POLICY_LOSSES, get_policy_loss, needs_mini_batch_stats
+from tepo.losses.compute import BoundPolicyLoss, bind_policy_loss
 from tepo.losses.rollout_correction import AUTO, AUTO_ROLLOUT_CORRECTION, DROPPING_CORRECTIONS, NORMALIZE
 from tepo.training.logprob_pass import LogprobSettings
-from tepo.training.micro_batches import MicroBatchLayout
+from tepo.training.micro_batches import MicroBatchLayout, resolve_micro_batch_tokens
 from tepo.training.schedule import updates_per_step
 
 # What the old-policy pass provides; an estimator that reads any of these needs that pass before the update.
@@ -82,55 +83,63 @@ class UpdateSettings:
 
 @dataclass(frozen=True)
 class UpdatePlan:
-    """How a run's updates are made, decided once by the trainer: the loss and its schedule (``settings``), how
-    every log-prob pass is computed (``passes``, which holds the micro-batch layout), and ``correction``: a
-    rollout correction to compute per micro-batch from the update's own forward pass (a mode that drops
-    nothing, when there is no old-policy pass; with one, the step computes the weights once and hands them in
-    ``tepo.training.update.RowTensors``). The mini-batch statistics pass (:attr:`stats`) follows from the loss
-    and its options."""
+    """How a run's updates are made, decided once: the loss and its schedule (``settings``), how every log-prob
+    pass is computed (``passes``, which holds the micro-batch layout), and ``correction``: a rollout correction
+    to compute per micro-batch from the update's own forward pass (a mode that drops nothing, when there is no
+    old-policy pass; with one, the step computes the weights once and hands them in
+    ``tepo.training.update.RowTensors``).
+
+    Made with the plan, and never again: ``loss``, the loss bound to its options (checked here, not at every
+    micro-batch), and ``stats``, the mini-batch statistics pass the loss and its options call for."""
 
     settings: UpdateSettings
     passes: LogprobSettings
     correction: RolloutCorrection | None = None
+    loss: BoundPolicyLoss = field(init=False, repr=False, compare=False)
+    stats: MiniBatchStatsPass | None = field(init=False)
+
+    def __post_init__(self):
+        options = {**self.settings.loss_options, "max_len": self.settings.max_len}
+        object.__setattr__(self, "loss", bind_policy_loss(self.settings.loss, **options))
+        object.__setattr__(
+            self, "stats", mini_batch_stats_pass(self.settings.loss, self.settings.loss_options)
+        )
 
     @property
     def layout(self) -> MicroBatchLayout:
         return self.passes.layout
 
-    @property
-    def stats(self) -> MiniBatchStatsPass | None:
-        return mini_batch_stats_pass(self.settings.loss, self.settings.loss_options)
-
 
 @dataclass(frozen=True)
 class StepPlan:
-    """The passes of every step of a run (decided by :func:`plan_step`).
+    """The passes of every step of a run and where each thing is computed (decided by :func:`plan_step`); the
+    step reads this and nothing else to know what to run.
 
-    ``needs_old_pass``: a separate no-grad pass computes ``pi_old`` (and its entropy) before the update; without
-    it the single update's own forward pass is ``pi_old`` (its ratio is exactly 1 in value, verl's on-policy
-    shortcut). ``old_pass_sum_pi_squared``: that pass also returns ``sum_pi_squared`` (estimators that read it).
-    ``needs_reference_model``: the run keeps a reference policy and scores every batch with it.
-    ``correction``: the resolved rollout correction (mode and options), None for ``none``.
-    ``mini_batch_stats``: the no-grad pass over each mini-batch inside the update (:class:`MiniBatchStatsPass`),
-    None when the loss needs no mini-batch statistics; the update's :attr:`UpdatePlan.stats` is the same.
+    ``needs_old_pass``: a separate no-grad pass computes ``pi_old`` before the update; without it the single
+    update's own forward pass is ``pi_old`` (its ratio is exactly 1 in value, verl's on-policy shortcut).
+    ``old_pass_entropy``: that pass returns the per-token entropy too (read by entropy-based estimators,
+    TEPO's KL mask as ``old_entropy``, the first mini-batch's entropy selection and the token view's record of
+    the pre-update policy, so it comes with every old pass). ``old_pass_sum_pi_squared``: that pass also returns
+    ``sum_pi_squared`` (estimators that read it). ``needs_reference_model``: the run keeps a reference policy
+    and scores every batch with it (the reference pass). ``correction``: the resolved rollout correction (mode
+    and options), None for ``none``; ``step_correction``: the same when the step computes it once from the old
+    pass, else None (then ``update.correction`` has it, computed per micro-batch). ``update``: how the update
+    runs (:class:`UpdatePlan`, with its mini-batch statistics pass).
     """
 
     needs_old_pass: bool
-    needs_reference_model: bool
+    old_pass_entropy: bool
     old_pass_sum_pi_squared: bool
+    needs_reference_model: bool
     correction: RolloutCorrection | None
-    mini_batch_stats: MiniBatchStatsPass | None = None
-
-    @property
-    def update_correction(self) -> RolloutCorrection | None:
-        """The correction the update computes per micro-batch from its own forward pass (no old pass), else None:
-        with an old pass the step computes it once on the whole batch and hands the weights in."""
-        return None if self.needs_old_pass else self.correction
+    step_correction: RolloutCorrection | None
+    update: UpdatePlan
 
 
 def plan_step(config: RunConfig, *, backend: str) -> StepPlan:
     """The :class:`StepPlan` of ``config``'s run; ``backend``: the rollout backend the run uses, resolved
-    (``tepo.rollout.registry.choose_rollout_backend``), which the correction's ``auto`` depends on."""
+    (``tepo.rollout.registry.choose_rollout_backend``), which the correction's ``auto`` depends on. Raises
+    ValueError on loss options the loss does not take (``validate`` reports them first)."""
     algo = config.algorithm
     mode = resolve_rollout_correction(config, backend=backend)
     correction = RolloutCorrection(mode, dict(algo.rollout_correction_options)) if mode != "none" else None
@@ -147,12 +156,43 @@ def plan_step(config: RunConfig, *, backend: str) -> StepPlan:
         or (correction is not None and _correction_needs_old_pass(correction))
         or (stats is not None and stats.loss_statistics)
     )
+    # With an old pass the step computes the correction once over the whole batch; without one, a correction
+    # (one that drops nothing) is computed per micro-batch from the update's own forward pass.
+    step_correction = correction if needs_old_pass else None
+    update_correction = None if needs_old_pass else correction
     return StepPlan(
         needs_old_pass=needs_old_pass,
-        needs_reference_model=needs_reference_model(algo),
+        old_pass_entropy=needs_old_pass,
         old_pass_sum_pi_squared=needs_old_pass and "sum_pi_squared" in needs,
+        needs_reference_model=needs_reference_model(algo),
         correction=correction,
-        mini_batch_stats=stats,
+        step_correction=step_correction,
+        update=UpdatePlan(update_settings(config), logprob_settings(config), update_correction),
+    )
+
+
+def logprob_settings(c: RunConfig) -> LogprobSettings:
+    """How every log-prob pass of ``c``'s run is computed (old, reference and the update's)."""
+    return LogprobSettings(
+        micro_batch_size=c.train.micro_batch_size,
+        temperature=c.rollout.temperature,
+        autocast_bf16=c.model.autocast_bf16,
+        share_prompt_prefix=c.model.share_prompt_prefix,
+        train_attention=c.model.train_attention,
+        micro_batch_tokens=resolve_micro_batch_tokens(c.train.micro_batch_tokens, c.rollout.max_new_tokens),
+    )
+
+
+def update_settings(c: RunConfig) -> UpdateSettings:
+    """The loss and the schedule of ``c``'s updates."""
+    return UpdateSettings(
+        loss=c.algorithm.loss,
+        loss_options=loss_options(c.algorithm),
+        epochs=c.train.ppo_epochs,
+        mini_batch_groups=c.train.mini_batch_prompts or c.train.prompts_per_step,
+        group_size=c.rollout.group_size,
+        max_grad_norm=c.optim.max_grad_norm,
+        max_len=float(c.rollout.max_new_tokens),
     )
 
 

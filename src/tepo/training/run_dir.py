@@ -17,7 +17,8 @@ from tepo.config import ConfigError, RunConfig, load_config, save_config
 from tepo.files import atomic_write_text
 from tepo.precision import PRECISION_FILE, Precision, resolve_run_precision
 from tepo.training.datasets import load_datasets
-from tepo.training.trainer import Trainer, TrainResult, run_device
+from tepo.training.setup import run_device
+from tepo.training.trainer import Trainer, TrainResult
 
 
 def make_run_dir(config: RunConfig) -> Path:
@@ -48,7 +49,7 @@ def train(config: RunConfig, *, run_dir: Path | None = None, log=print) -> Train
     run_dir.mkdir(parents=True, exist_ok=True)
     if not (run_dir / "config.yaml").exists():
         save_run_config(config, run_dir, precision.precision)
-    return Trainer(config, run_dir, log=log, precision=precision).run()
+    return Trainer(config, run_dir, log=log, precision=precision).setup().run()
 
 
 def resume(run_dir: Path, overrides: list[str] | None = None, *, log=print) -> TrainResult:
@@ -61,7 +62,7 @@ def resume(run_dir: Path, overrides: list[str] | None = None, *, log=print) -> T
     config = precision.config
     if overrides:
         save_run_config(config, run_dir, precision.precision)
-    return Trainer(config, run_dir, log=log, precision=precision).run()
+    return Trainer(config, run_dir, log=log, precision=precision).setup().run()
 
 
 def save_run_config(config: RunConfig, run_dir: Path, precision: Precision) -> None:

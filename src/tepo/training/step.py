@@ -19,14 +19,15 @@ from torch import Tensor
 
 from tepo.advantages import compute_advantages
 from tepo.advantages.filtering import all_equal_group_stats
+from tepo.logprobs import TokenLogprobs
 from tepo.lora import scoring
 from tepo.losses.rollout_correction import rollout_correction_weights, rollout_mismatch_metrics
-from tepo.metrics.names import in_group
+from tepo.metrics.catalogue import in_group
 from tepo.metrics.tokens import record_step_samples
 from tepo.rewards.shaping import mask_truncated
 from tepo.rollout.base import RolloutBatch
 from tepo.training.collect import Collected, collect_rollouts
-from tepo.training.logprob_pass import TokenLogprobs, batch_logprobs
+from tepo.training.logprob_pass import batch_logprobs
 from tepo.training.parts import StepParts
 from tepo.training.plan import StepPlan
 from tepo.training.schedule import advance_schedule
@@ -95,21 +96,21 @@ def train_step(parts: StepParts, plan: StepPlan, pool, step: int, collected: Col
         parts.scheduler,
         batch,
         tensors,
-        parts.update_plan,
+        plan.update,
         generator=torch.Generator().manual_seed(parts.settings.seed * 7919 + step),
         after_optimizer_step=parts.rollout.weights_updated,
     )
     update_seconds = time.perf_counter() - start
-    token_entropy, token_logp = update.pop("token_entropy"), update.pop("token_logp")
-    correction_metrics = update.pop("correction_metrics", correction_metrics)  # from the in-loop correction
+    if plan.update.correction is not None:  # computed inside the update
+        correction_metrics = update.correction_metrics
     # 7. How far the sampler was from the trainer's policy (pi_old: the old pass's, else the update's first pass).
-    pre_update_logp = passes.old.logp if passes.old is not None else token_logp
+    pre_update_logp = passes.old.logp if plan.needs_old_pass else update.token_logp
     row.update(_mismatch_metrics(batch, pre_update_logp, correction_metrics))
     # 8. Record a sample of tokens with their pre-update entropy and advantage (the report's token view).
-    pre_update_entropy = passes.old.entropy if passes.old is not None else token_entropy
+    pre_update_entropy = passes.old.entropy if plan.old_pass_entropy else update.token_entropy
     _record_samples(parts, step, batch, rewards, pre_update_entropy, advantages)
     # 9. Metrics: the update's, throughput, memory.
-    row.update(update)
+    row.update(update.metrics)
     row.update(_throughput(parts, batch, row, update_seconds))
     row.update(_engine_and_memory(parts))
     return row  # step_seconds: measured by the caller (Trainer.run), waiting for an overlapped batch included
@@ -139,17 +140,18 @@ def _pre_update_passes(parts: StepParts, plan: StepPlan, batch: RolloutBatch, ro
     """Run the plan's old-policy pass and the reference pass, and add their time to ``row``."""
     start = time.perf_counter()
     old = ref_logp = None
+    settings = plan.update.passes
     if plan.needs_old_pass:
         old = batch_logprobs(
             parts.model,
             batch,
-            parts.logprob_settings,
-            entropy=True,
+            settings,
+            entropy=plan.old_pass_entropy,
             sum_pi_squared=plan.old_pass_sum_pi_squared,
         )
-    if parts.ref_model is not None:
+    if plan.needs_reference_model:
         with scoring(parts.ref_model) as reference:  # a frozen copy, or the LoRA policy with its adapters off
-            ref_logp = batch_logprobs(reference, batch, parts.logprob_settings, entropy=False).logp
+            ref_logp = batch_logprobs(reference, batch, settings, entropy=False).logp
     seconds = time.perf_counter() - start
     row["time/logprob_seconds"] = seconds
     row["time/logprob_tokens_per_s"] = float(batch.response_mask.sum()) / seconds if seconds > 0.01 else None
@@ -185,14 +187,15 @@ def _row_tensors(
 
     The loss mask: DAPO's overlong filtering leaves truncated responses out of the loss (after their group
     statistics). The off-policy correction of the sampler/trainer gap is computed once per step: importance
-    weights (and dropped tokens, which leave the mask) from the old-policy pass, or, when there is none, per
-    micro-batch from the update's own forward pass (``plan.update_correction``), which returns its metrics."""
+    weights (and dropped tokens, which leave the mask) from the old-policy pass (``plan.step_correction``), or
+    per micro-batch from the update's own forward pass (``plan.update.correction``), which returns its
+    metrics."""
     mask, old = batch.response_mask, passes.old
     loss_mask = mask_truncated(mask, batch.truncated) if parts.settings.overlong_filter else mask
     is_weights, correction_metrics = None, None
-    if plan.correction is not None and old is not None:
+    if (correction := plan.step_correction) is not None:
         is_weights, keep, correction_metrics = rollout_correction_weights(
-            old.logp, batch.rollout_logp, mask, mode=plan.correction.mode, **plan.correction.options
+            old.logp, batch.rollout_logp, mask, mode=correction.mode, **correction.options
         )
         loss_mask = loss_mask * keep
     tensors = RowTensors(

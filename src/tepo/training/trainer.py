@@ -1,13 +1,14 @@
 """The training recipe, shaped like torchtune's single-device recipes: ``setup``, the loop, clean-up.
 
-``Trainer(config, run_dir)`` runs :meth:`Trainer.setup`: it reads the newest intact checkpoint's state first
-(when the run directory has one), then builds each part with a ``_setup_*`` method that is handed what it needs
-(that state included) and returns what it built: the plan, the model and its reference, the rollout backend, the
-optimizer and schedule, the prompt stream. Everything a step uses ends in one :class:`StepParts`, the single
-owner of the run's objects (``Trainer.model`` and the like read it). ``run()`` evaluates the initial policy,
-runs ``tepo.training.step.train_step`` until ``train.steps``, logs one metrics row per step, checkpoints,
-evaluates the trained policy and writes the summary (``tepo.training.summary``). Starting a run and resuming one
-from its directory: ``tepo.training.run_dir``; the run's precision: ``tepo.precision.resolve_run_precision``.
+``Trainer(config, run_dir)`` holds the run's settings; :meth:`Trainer.setup` builds the run: it reads the newest
+intact checkpoint's state first (when the run directory has one), then builds each part with a function of
+``tepo.training.setup`` that is handed its config section and that state and returns what it built: the plan,
+the model and its reference, the rollout backend, the optimizer and schedule, the prompt stream. Everything a
+step uses ends in one :class:`StepParts`, the single owner of the run's objects (``Trainer.model`` and the like
+read it). :meth:`Trainer.run` is the loop: it evaluates the initial policy, runs
+``tepo.training.step.train_step`` until ``train.steps``, logs one metrics row per step, checkpoints, evaluates
+the trained policy and writes the summary (``tepo.training.summary``). Starting a run and resuming one from its
+directory: ``tepo.training.run_dir``; the run's precision: ``tepo.precision.resolve_run_precision``.
 
 Resume: sampling seeds are a function of (seed, step, round) and the prompt stream's position, the RNG state and
 the optimizer/schedule are checkpointed, so a resumed run repeats exactly what an uninterrupted one would do.
@@ -15,7 +16,6 @@ the optimizer/schedule are checkpointed, so a resumed run repeats exactly what a
 
 from __future__ import annotations
 
-import copy
 import json
 import sys
 import time
@@ -25,35 +25,44 @@ from pathlib import Path
 import torch
 
 from tepo.checkpoint import (
-    Checkpoint,
-    CheckpointState,
+    BAD_STEPS_KEY,
+    OPTIMIZER_KEY,
+    PARITY_GUARD_KEY,
+    REWARD_TOTALS_KEY,
+    RNG_KEY,
+    SCHEDULER_KEY,
+    STREAM_KEY,
     atomic_write_text,
-    find_latest_checkpoint,
-    load_checkpoint_weights,
-    read_checkpoint_state,
-    resume_without_optimizer_note,
     rng_state,
     save_checkpoint,
     set_rng_state,
     should_save,
 )
-from tepo.config import ConfigError, RunConfig, config_warnings
-from tepo.data import PromptStream
+from tepo.config import RunConfig, config_warnings
 from tepo.evaluate.records import AFTER, BEFORE, records_path
 from tepo.metrics import MetricsLog, truncate_metrics
 from tepo.precision import RunPrecision, resolve_run_precision
 from tepo.rewards import FAILURES_FILE, RewardFailures, RewardPool, user_reward_functions
 from tepo.rewards.functions import runs_math_verify
-from tepo.rollout.base import RolloutBackend, RolloutError
+from tepo.rollout.base import RolloutError
 from tepo.training.collect import Collected
 from tepo.training.datasets import held_out_note, load_datasets
-from tepo.training.evaluation import evaluate_held_out, evaluation_metrics
+from tepo.training.evaluation import evaluate_held_out
 from tepo.training.overlap import RolloutPrefetch, keep_off_engine_cores, restore_cores
 from tepo.training.parts import build_step_parts
-from tepo.training.plan import StepPlan, plan_step
-from tepo.training.schedule import lr_factor, updates_per_step
+from tepo.training.plan import plan_step
+from tepo.training.setup import (
+    Resume,
+    RunCounters,
+    run_device,
+    setup_model,
+    setup_optimizer,
+    setup_resume,
+    setup_rollout,
+    setup_stream,
+)
 from tepo.training.step import collect_step, train_step
-from tepo.training.summary import summarize
+from tepo.training.summary import scores_from_disk, scores_on_disk, summarize
 
 EVAL_BEFORE = "eval_before.json"
 
@@ -69,49 +78,6 @@ class TrainResult:
     summary: dict
 
 
-@dataclass(frozen=True)
-class _Resume:
-    """The checkpoint a run resumes from and its saved state (read first: :meth:`Trainer.setup`); ``exact``:
-    False when it holds no optimizer moments and the user accepted that (train.resume_without_optimizer)."""
-
-    checkpoint: Checkpoint
-    state: CheckpointState
-    exact: bool
-
-
-@dataclass
-class _RunCounters:
-    """What the loop counts across steps (checkpointed): steps done, steps in a row without an applied update,
-    and the reward pool's counters of earlier processes of this run."""
-
-    step: int = 0
-    bad_steps_in_row: int = 0
-    reward_base: dict | None = None
-
-    @staticmethod
-    def of(resume: _Resume | None) -> _RunCounters:
-        base = {"timeouts": 0, "parse_failures": 0}
-        if resume is None:
-            return _RunCounters(reward_base=base)
-        state = resume.state
-        return _RunCounters(
-            step=int(state["step"]),
-            bad_steps_in_row=int(state["bad_steps_in_row"]),
-            reward_base={k: int(v) for k, v in state.get("reward_totals", base).items()},
-        )
-
-
-def _enable_activation_checkpointing(model) -> None:
-    """Recompute each layer's activations in backward: less memory, same values (docs/performance.md).
-
-    Generation is unaffected: the rollout runs the model in eval mode.
-    """
-    if hasattr(model, "activation_checkpointing_enable"):  # the transformers 5 name
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
 class Trainer:
     """One run's parts and its loop. :meth:`setup` builds the parts, :meth:`run` is the loop, its ``finally``
     the clean-up."""
@@ -120,23 +86,23 @@ class Trainer:
         self.device = run_device(config)  # first: a missing GPU is one line, before anything loads
         # Precision "auto" becomes the hardware's choice here (tepo.precision); train()/resume() pass what they
         # resolved and recorded in the run directory.
-        precision = precision or resolve_run_precision(config, self.device)
-        self.config: RunConfig = precision.config
-        self.precision = precision.precision
+        self._precision = precision or resolve_run_precision(config, self.device)
+        self.config: RunConfig = self._precision.config
+        self.precision = self._precision.precision
         self.run_dir = Path(run_dir)
         self.log = log
         self._pool: RewardPool | None = None
         self._prefetch: RolloutPrefetch | None = None  # rollout.async_steps=1: the batch sampled ahead
         self._cpu_before_overlap: tuple | None = None
-        self.setup(precision.warnings)
 
     # ---- set-up ---------------------------------------------------------------------------------------------
 
-    def setup(self, precision_warnings: list[str] = ()) -> None:
-        """Build the run: the checkpoint's state first, then every part from it (torchtune's recipe order)."""
+    def setup(self) -> Trainer:
+        """Build the run: the checkpoint's state first, then every part from it (torchtune's recipe order).
+        Returns the trainer, ready to :meth:`run`."""
         c, log = self.config, self.log
         log(self.precision.banner())
-        for note in precision_warnings:
+        for note in self._precision.warnings:
             log(f"warning: {note}")
         for note in config_warnings(c):
             log(f"note: {note}")
@@ -148,157 +114,64 @@ class Trainer:
             from tepo.training.determinism import make_deterministic
 
             log(make_deterministic(self.device))
-        resume = self._setup_resume()
+        resume = setup_resume(self.run_dir, c.train.resume_without_optimizer, log)
         self.plan = self._setup_plan()
-        model, ref_model, tokenizer = self._setup_model(resume)
-        rollout = self._setup_rollout(model, tokenizer, resume)
-        optimizer, scheduler = self._setup_optimizer(model, resume)
+        model, ref_model, tokenizer = setup_model(c.model, self.plan, self.device, resume, log)
+        rollout = setup_rollout(
+            c.rollout,
+            self.plan,
+            model,
+            tokenizer,
+            seed=c.train.seed,
+            run_dir=self.run_dir,
+            resume=resume,
+            log=log,
+        )
+        optimizer, scheduler = setup_optimizer(c, model, resume)
         self.parts = build_step_parts(
             c,
-            self.plan,
             model=model,
             ref_model=ref_model,
             optimizer=optimizer,
             scheduler=scheduler,
             rollout=rollout,
             tokenizer=tokenizer,
-            stream=self._setup_stream(resume),
+            stream=setup_stream(self.train_problems, c.train.seed, resume),
             device=self.device,
             run_dir=self.run_dir,
         )
-        if (budget := self.parts.logprob_settings.micro_batch_tokens) is not None:
+        if (budget := self.plan.update.passes.micro_batch_tokens) is not None:
             log(
-                f"micro-batches: rows sorted by length, at most {budget} computed tokens each "
-                "(train.micro_batch_tokens)"
+                f"micro-batches: rows sorted by length, at most {budget} computed tokens each (train.micro_batch_tokens)"
             )
-        self.counters = _RunCounters.of(resume)
+        self.counters = RunCounters.of(resume)
         self.resumed = resume is not None
         # Recorded in the summary: the step a resume without the optimizer's moments started from.
         self.inexact_resume_at_step = None if resume is None or resume.exact else resume.checkpoint.step
         if resume is not None:
             set_rng_state(
-                resume.state["rng"]
+                resume.state[RNG_KEY]
             )  # last: building the parts draws from the RNG (LoRA's initial A)
-            moved = truncate_metrics(self.run_dir, self.step)
-            note = (
-                f" ({moved} metrics rows of later steps moved to metrics.rolledback.jsonl)" if moved else ""
-            )
-            log(f"resumed from {resume.checkpoint.path} at step {self.step}{note}")
+        self._roll_back_metrics(resume)
+        return self
 
-    def _setup_resume(self) -> _Resume | None:
-        """The newest intact checkpoint and its state (its weights load into the model in :meth:`_setup_model`),
-        None for a new run (rows of a run that wrote no checkpoint move to metrics.rolledback.jsonl)."""
-        checkpoint = find_latest_checkpoint(self.run_dir, warn=self.log)
-        if checkpoint is None:
-            moved = truncate_metrics(self.run_dir, 0)
-            if moved:
-                self.log(
-                    f"no intact checkpoint: starting from step 0 ({moved} metrics rows moved to "
-                    "metrics.rolledback.jsonl)"
-                )
-            return None
-        # A checkpoint saved without the optimizer's moments is refused (before any weight loads) unless the user
-        # acknowledged that such a resume is not exact.
-        note = resume_without_optimizer_note(checkpoint, self.config.train.resume_without_optimizer)
-        if note is not None:
-            self.log(f"note: {note}")
-        return _Resume(checkpoint, read_checkpoint_state(checkpoint), exact=note is None)
-
-    def _setup_plan(self) -> StepPlan:
+    def _setup_plan(self):
         """Which passes every step runs (tepo.training.plan), decided once; the model's set-up reads it."""
         from tepo.rollout.registry import choose_rollout_backend
 
         return plan_step(self.config, backend=choose_rollout_backend(self.config.rollout)[0])
 
-    def _setup_model(self, resume: _Resume | None) -> tuple[torch.nn.Module, torch.nn.Module | None, object]:
-        """``(policy, reference, tokenizer)``: the policy on the run's device (LoRA adapters where asked, the
-        checkpoint's weights when resuming, activation checkpointing), the reference policy where the plan needs
-        one (the initial policy: copied before any checkpoint weights load), None otherwise."""
-        from tepo.models import load_model_and_tokenizer
-
-        c, log = self.config, self.log
-        model, tokenizer = load_model_and_tokenizer(
-            c.model.name,
-            trust_remote_code=c.model.trust_remote_code,
-            dtype=getattr(torch, c.model.dtype),
-            device=self.device,
-        )
-        if self.device.type == "cuda":
-            log(device_note(self.device, model))
-        # The reference policy: a frozen copy of the model, or with LoRA the policy with its adapters off.
-        ref_model = None
-        if self.plan.needs_reference_model and c.model.lora.rank <= 0:
-            ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        if c.model.lora.rank > 0:
-            model, ref_model = self._apply_lora(model)
+    def _roll_back_metrics(self, resume: Resume | None) -> None:
+        """Move the metrics rows of steps after the run's restart point (the checkpoint's step, or 0 without one)
+        to metrics.rolledback.jsonl, and say where the run starts."""
+        moved = truncate_metrics(self.run_dir, self.step)
+        note = f"{moved} metrics rows of later steps moved to metrics.rolledback.jsonl" if moved else ""
         if resume is not None:
-            load_checkpoint_weights(resume.checkpoint, model)
-        model.train()  # no dropout in the supported models (but LoRA's, model.lora.dropout)
-        if c.model.gradient_checkpointing:
-            _enable_activation_checkpointing(model)
-        return model, ref_model, tokenizer
-
-    def _apply_lora(self, model) -> tuple[torch.nn.Module, torch.nn.Module | None]:
-        """``(the LoRA policy, its reference)``: the base model with the adapters switched off is the initial
-        policy (B starts at zero), no second copy of the model (tepo.lora.AdaptersOff)."""
-        from tepo.lora import AdaptersOff, LoraTargetError, apply_lora
-
-        rank = self.config.model.lora.rank
-        try:  # a bad target module fails here, before training
-            model = apply_lora(model, self.config.model.lora)
-        except LoraTargetError as err:
-            raise ConfigError(str(err)) from None
-        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        self.log(f"LoRA rank {rank}: training {trained:,} adapter parameters")
-        return model, AdaptersOff(model) if self.plan.needs_reference_model else None
-
-    def _setup_rollout(self, model, tokenizer, resume: _Resume | None) -> RolloutBackend:
-        """The rollout backend (with its parity guard, handed to it when built from rollout.parity, where it runs
-        a separate engine; the guard's probe and last scores from the checkpoint). The off-policy correction of
-        its gap to the trainer is the plan's."""
-        from tepo.rollout import make_rollout_from_config
-
-        c, log = self.config, self.log
-        rollout = make_rollout_from_config(
-            c.rollout, model, tokenizer, seed=c.train.seed, run_dir=self.run_dir, log=log
-        )
-        if resume is not None:
-            # The first sync after a resume is checked like every sync, against the last check before the stop.
-            rollout.weights_updated()
-            # Checkpoints older than 2026-12-04 hold no guard state: the first check after resuming then tests
-            # the gross gap only, and draws the probe anew.
-            guard_state = resume.state.get("parity_guard")
-            if rollout.parity_guard is not None and guard_state is not None:
-                rollout.parity_guard.load_state_dict(guard_state)  # its checks so far are in the kept rows
-        if (correction := self.plan.correction) is not None:
-            log(f"rollout correction: {correction.mode} {correction.options or '(default thresholds)'}")
-        return rollout
-
-    def _setup_optimizer(self, model, resume: _Resume | None) -> tuple:
-        """``(optimizer, schedule)``: AdamW over the trained parameters and the learning-rate schedule, with the
-        checkpoint's moments and position when resuming."""
-        c = self.config
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],  # with LoRA: the adapters only
-            lr=c.optim.lr,
-            betas=c.optim.betas,
-            weight_decay=c.optim.weight_decay,
-            fused=c.optim.fused,  # the same update as the for-loop kernel, less time and memory
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_factor(c, c.train.steps * updates_per_step(c))
-        )
-        if resume is not None:
-            optimizer.load_state_dict(resume.state["optimizer"])
-            scheduler.load_state_dict(resume.state["scheduler"])
-        return optimizer, scheduler
-
-    def _setup_stream(self, resume: _Resume | None) -> PromptStream:
-        """The training prompts in the run's order, at the checkpoint's position when resuming."""
-        stream = PromptStream(self.train_problems, seed=self.config.train.seed)
-        if resume is not None:
-            stream.load_state_dict(resume.state["stream"])
-        return stream
+            self.log(
+                f"resumed from {resume.checkpoint.path} at step {self.step}" + (f" ({note})" if note else "")
+            )
+        elif note:
+            self.log(f"no intact checkpoint: starting from step 0 ({note})")
 
     # ---- the parts (owned by self.parts) --------------------------------------------------------------------
 
@@ -323,19 +196,19 @@ class Trainer:
     def state_dict(self) -> dict:
         guard = self.rollout.parity_guard
         return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(),
+            OPTIMIZER_KEY: self.optimizer.state_dict(),
+            SCHEDULER_KEY: self.scheduler.state_dict(),
+            RNG_KEY: rng_state(),
             # With a batch in flight, the stream has moved past prompts no finished step used: record the position
             # before them, so a resumed run samples them again.
-            "stream": (
+            STREAM_KEY: (
                 self._prefetch.stream_state
                 if self._prefetch is not None and self._prefetch.stream_state is not None
                 else self.stream.state_dict()
             ),
-            "bad_steps_in_row": self.counters.bad_steps_in_row,
-            "reward_totals": self.reward_totals(),
-            **({"parity_guard": guard.state_dict()} if guard is not None else {}),
+            BAD_STEPS_KEY: self.counters.bad_steps_in_row,
+            REWARD_TOTALS_KEY: self.reward_totals(),
+            **({PARITY_GUARD_KEY: guard.state_dict()} if guard is not None else {}),
         }
 
     def reward_totals(self) -> dict:
@@ -465,7 +338,7 @@ class Trainer:
             if self._prefetch is not None:
                 self._prefetch.settle()  # the engine is needed for the evaluation
             self._doing = f"the held-out evaluation after step {self.step}"
-            row.update(evaluation_metrics(self.evaluate(pool, f"step{self.step}")))
+            row.update(self.evaluate(pool, f"step{self.step}"))
         row["update/bad_steps_in_row"] = self.bad_steps_in_row
         if runs_math_verify([name for name, _ in self.parts.settings.reward_functions]):
             totals = self.reward_totals()  # math-verify's: not logged where it does not score the rewards
@@ -489,20 +362,20 @@ class Trainer:
         summary["precision"] = self.precision.as_dict()
         if self.inexact_resume_at_step is not None:
             summary["resumed_without_optimizer_at_step"] = self.inexact_resume_at_step
-        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         if self.resumed:
             summary["resumed"] = True
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return TrainResult(run_dir=self.run_dir, steps_done=self.step, summary=summary)
 
     def _initial_evaluation(self, pool) -> dict:
         """The initial policy's held-out scores, computed once per run (a resumed run reads them back)."""
         before_path = self.run_dir / EVAL_BEFORE
         if before_path.exists():
-            return json.loads(before_path.read_text())
+            return scores_from_disk(json.loads(before_path.read_text()))
         if self.eval_problems:
             self.log(f"evaluating the initial policy on {len(self.eval_problems)} held-out problems")
         before = self.evaluate(pool, BEFORE, pass_k=True)
-        atomic_write_text(before_path, json.dumps(before))
+        atomic_write_text(before_path, json.dumps(scores_on_disk(before)))
         return before
 
     def _count_bad_step(self, row: dict) -> TrainingStopped | None:
@@ -531,25 +404,3 @@ def _progress_bar(config: RunConfig, initial: int):
         file=sys.stderr,
         dynamic_ncols=True,
     )
-
-
-def run_device(config: RunConfig) -> torch.device:
-    """``train.device`` on this machine (tepo.device); ConfigError, one line, when the machine lacks it or when
-    ``model.dtype`` asks for bf16 weights on the CPU."""
-    from tepo.config import bf16_weights_on_cpu_message
-    from tepo.device import resolve_device
-
-    try:
-        device = resolve_device(config.train.device)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-    if device.type == "cpu" and config.model.dtype != "float32":
-        raise ConfigError(bf16_weights_on_cpu_message(config.model.dtype))
-    return device
-
-
-def device_note(device: torch.device, model) -> str:
-    """The start-up line of a CUDA run: the GPU, its memory, and what the weights take of it."""
-    props = torch.cuda.get_device_properties(device)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
-    return f"training on {device} ({props.name}, {props.total_memory / 2**30:.1f} GiB): weights {weights:.2f} GiB"

@@ -3,7 +3,7 @@
 It executes an :class:`tepo.training.plan.UpdatePlan` (decided once by the trainer): for each mini-batch of the
 schedule, the mini-batch statistics where the plan has them (:func:`_mini_batch_statistics`), one forward and
 backward per micro-batch (:func:`_micro_step`), then one host read of every micro-batch's values and the
-optimizer step, or its skip (:class:`_UpdateTotals`). To add a loss: nothing here (``tepo.losses``); a pass: the
+optimizer step, or its skip (``tepo.training.update_totals``). To add a loss: nothing here (``tepo.losses``); a pass: the
 plan decides it, one function here runs it.
 
 Exactness: each micro-batch's loss is normalised by its *mini-batch's* token and sequence counts, so accumulating
@@ -13,37 +13,26 @@ is never applied: the mini-batch is dropped and counted.
 
 from __future__ import annotations
 
-import math
-from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from tepo.losses import compute_policy_loss, mini_batch_stats
-from tepo.losses._common import deferred_metrics, resolve_values
+from tepo.losses import mini_batch_stats
+from tepo.losses._common import deferred_metrics
 from tepo.losses.rollout_correction import (
     CorrectionTokens,
-    rollout_correction_metrics,
     rollout_correction_tokens,
 )
-from tepo.metrics.names import in_group
 from tepo.rollout.base import RolloutBatch
 from tepo.training.logprob_pass import LogprobSettings, held_attention, release_free_heap, rows_logprobs
 from tepo.training.micro_batches import RowLengths, split_rows
-from tepo.training.plan import RolloutCorrection, UpdatePlan, UpdateSettings
+from tepo.training.plan import RolloutCorrection, UpdatePlan
 from tepo.training.schedule import advance_schedule
+from tepo.training.update_totals import MicroResult, UpdateResult, UpdateTotals, place, read_once
 
-# The plan's types, importable from here as before they moved to tepo.training.plan (#45).
-__all__ = [
-    "RolloutCorrection",
-    "RowTensors",
-    "UpdatePlan",
-    "UpdateSettings",
-    "minibatch_rows",
-    "update_policy",
-]
+__all__ = ["RowTensors", "UpdateResult", "minibatch_rows", "update_policy"]
 
 
 def minibatch_rows(
@@ -124,7 +113,7 @@ def _rows_logprobs_no_grad(
     size = sum(len(micro) for micro in mini.micro_batches)
     out = ent_out = None
     for micro in mini.micro_batches:
-        logp, ent, cols = rows_logprobs(model, batch, micro, settings, entropy=entropy, grad=False)
+        (logp, ent, _), cols = rows_logprobs(model, batch, micro, settings, entropy=entropy, grad=False)
         if out is None:  # float32, or float64 for a float64 model
             out = torch.zeros(size, batch.response_len, dtype=logp.dtype, device=batch.response_mask.device)
             ent_out = torch.zeros_like(out) if entropy else None
@@ -168,120 +157,6 @@ def _mini_batch_statistics(
     )
 
 
-@dataclass
-class _MicroResult:
-    """One micro-batch's values, still on the device until :func:`_read_once`."""
-
-    finite: Tensor
-    loss: Tensor
-    tokens: Tensor
-    entropy_sum: Tensor
-    metrics: dict
-    written: tuple | None  # (rows, cols) of token_entropy / token_logp written by this micro-batch
-
-
-class _HostResults(list):
-    grad_norm: float
-
-
-def _read_once(pending: list[_MicroResult], grad_norm: Tensor) -> _HostResults:
-    """Every micro-batch's flag, loss, counts and metrics, and the gradient norm, as python values in one read."""
-    flat, keys = [grad_norm], []
-    for r in pending:
-        names = list(r.metrics)
-        keys.append(names)
-        flat.extend([r.finite, r.loss, r.tokens, r.entropy_sum, *(r.metrics[k] for k in names)])
-    values = resolve_values(flat)
-    out = _HostResults()
-    out.grad_norm = values[0]
-    i = 1
-    for names in keys:
-        finite, loss, tokens, entropy_sum = values[i : i + 4]
-        metrics = dict(zip(names, values[i + 4 : i + 4 + len(names)]))
-        i += 4 + len(names)
-        out.append(
-            {
-                "finite": bool(finite),
-                "loss": loss,
-                "tokens": tokens,
-                "entropy_sum": entropy_sum,
-                "metrics": metrics,
-            }
-        )
-    return out
-
-
-@dataclass
-class _UpdateTotals:
-    """What the step's updates add up to: the loss metrics (token-weighted over the applied micro-batches), the
-    gradient norms, updates applied and skipped, the epoch-0 policy's per-token views, the in-loop correction's
-    whole-batch tokens, and the padding of the epoch-0 micro-batches."""
-
-    token_entropy: Tensor
-    token_logp: Tensor
-    sums: defaultdict = field(default_factory=lambda: defaultdict(float))
-    counts: defaultdict = field(default_factory=lambda: defaultdict(float))
-    grad_norms: list = field(default_factory=list)
-    updates: int = 0
-    skipped: int = 0
-    correction: CorrectionTokens | None = (
-        None  # plan.correction's tokens, put together micro-batch by micro-batch
-    )
-    computed_tokens: int = 0
-    real_tokens: int = 0
-
-    @property
-    def attempts(self) -> int:
-        return self.updates + self.skipped
-
-    def fold(self, pending: list[_MicroResult], host: _HostResults) -> bool:
-        """Add one mini-batch's micro-batches (read to the host); True when its update is to be applied."""
-        # The step's micro-batches up to the first non-finite loss count, as when the loop stopped there.
-        first_bad = next((i for i, r in enumerate(host) if not r["finite"]), None)
-        finite = first_bad is None
-        sums, counts = self.sums, self.counts
-        for r in host[: len(host) if finite else first_bad]:
-            tokens = r["tokens"]
-            sums["loss"] += r["loss"]
-            for key, value in r["metrics"].items():
-                if isinstance(value, int | float) and key != "loss":
-                    sums[key] += value * tokens
-                    counts[key] += tokens
-            sums["entropy_mean"] += r["entropy_sum"]
-            counts["entropy_mean"] += tokens
-        if not finite:
-            # The loop used to stop at the first non-finite loss, leaving later rows' token views at 0.
-            for r in pending[first_bad + 1 :]:
-                if r.written is not None:
-                    self.token_entropy[r.written[0], r.written[1]] = 0.0
-                    self.token_logp[r.written[0], r.written[1]] = 0.0
-        norm = host.grad_norm
-        if finite and math.isfinite(norm):
-            self.grad_norms.append(norm)
-            self.updates += 1
-            return True
-        self.skipped += 1
-        return False
-
-    def result(self, batch: RolloutBatch) -> dict:
-        """The metrics :func:`update_policy` returns (see there)."""
-        sums, counts, norms = self.sums, self.counts, self.grad_norms
-        # The loss's metrics by the names the loss gives them, in the update's group (update/clip_frac_high).
-        out = in_group("update", {key: sums[key] / counts[key] for key in counts if counts[key] > 0})
-        out["update/loss"] = sums["loss"] / max(self.updates, 1)
-        out["update/grad_norm"] = sum(norms) / len(norms) if norms else float("nan")
-        out["update/grad_norm_max"] = max(norms) if norms else float("nan")
-        out["update/optimizer_updates"] = self.updates
-        out["update/skipped_updates"] = self.skipped
-        if self.computed_tokens:
-            out["update/padding_share"] = 1.0 - self.real_tokens / self.computed_tokens
-        if self.correction is not None:
-            out["correction_metrics"] = rollout_correction_metrics(self.correction, batch.response_mask)
-        out["token_entropy"] = self.token_entropy
-        out["token_logp"] = self.token_logp
-        return out
-
-
 def update_policy(
     model,
     optimizer: torch.optim.Optimizer,
@@ -292,13 +167,9 @@ def update_policy(
     *,
     generator: torch.Generator,
     after_optimizer_step: Callable[[], None] = lambda: None,
-) -> dict:
-    """Run every optimizer update of one step; returns its metrics, named in the ``update/`` group (the loss's,
-    token-weighted over the applied micro-batches; ``update/grad_norm``, ``update/optimizer_updates``,
-    ``update/skipped_updates``; ``update/padding_share``: the share of the tokens the update's forward passes
-    computed that were padding) and, as ``token_entropy`` and
-    ``token_logp``, the epoch-0 (pre-update) policy's per-token entropy and log-probs ``[N, T]``; with
-    ``plan.correction``, ``correction_metrics``: the metrics of the weights it computed, over the whole batch.
+) -> UpdateResult:
+    """Run every optimizer update of one step; returns its metrics and the pre-update policy's per-token views
+    (:class:`UpdateResult`).
 
     ``tensors`` holds every per-row tensor (:class:`RowTensors`); ``plan`` the loss, the passes' numerics and
     micro-batch layout, and an in-loop rollout correction (:class:`UpdatePlan`). The LR schedule follows planned
@@ -320,7 +191,7 @@ def update_policy(
     """
     settings = plan.settings
     mask = tensors.mask
-    totals = _UpdateTotals(token_entropy=torch.zeros_like(mask), token_logp=torch.zeros_like(mask))
+    totals = UpdateTotals(token_entropy=torch.zeros_like(mask), token_logp=torch.zeros_like(mask))
     # Read to the host once per step: the token budget's planner and the padding share both use them.
     lengths = RowLengths.of(batch)
     schedule = minibatch_rows(
@@ -352,7 +223,7 @@ def update_policy(
                     for micro in mini.micro_batches
                 ]
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), settings.max_grad_norm)
-            if totals.fold(pending, _read_once(pending, grad_norm)):
+            if totals.fold(pending, read_once(pending, grad_norm)):
                 optimizer.step()
                 after_optimizer_step()
             # Free the spent (or rejected) gradients now rather than at the next zero_grad, so generation, the
@@ -370,19 +241,18 @@ def _micro_step(
     mini: _MiniBatch,
     micro: Tensor,
     stats,
-    totals: _UpdateTotals,
+    totals: UpdateTotals,
     *,
     on_cpu: bool,
-) -> _MicroResult:
+) -> MicroResult:
     """One micro-batch: its forward pass with a graph, its loss (normalised by the mini-batch's counts) and the
     backward that accumulates its gradient; its values stay on the device. Epoch 0 also writes the pre-update
     token views and the in-loop correction's tokens into ``totals``."""
-    settings = plan.settings
     if on_cpu:
         # glibc's heap only; on a GPU the activations live in CUDA's allocator and the trim would only cost host
         # time between kernel launches.
         release_free_heap()
-    logp, ent, cols = rows_logprobs(model, batch, micro, plan.passes, entropy=True, grad=True)
+    (logp, ent, _), cols = rows_logprobs(model, batch, micro, plan.passes, entropy=True, grad=True)
     first_epoch = mini.epoch == 0
     if first_epoch:
         totals.token_entropy[micro, cols] = ent.detach().float()
@@ -395,9 +265,8 @@ def _micro_step(
         tokens = _in_loop_correction(plan.correction, old, part, batch.response_mask[micro][:, cols])
         token_weights = tokens.weights
         if first_epoch:
-            totals.correction = _place(totals.correction, tokens, (micro, cols), tensors.mask.shape)
-    loss, metrics = compute_policy_loss(
-        settings.loss,
+            totals.correction = place(totals.correction, tokens, (micro, cols), tensors.mask.shape)
+    loss, metrics = plan.loss(
         logp=logp,
         old_logp=old,
         advantages=part.advantages,
@@ -408,16 +277,14 @@ def _micro_step(
         old_entropy=old_ent,
         num_tokens=mini.num_tokens,
         num_seqs=float(len(mini.rows)),
-        max_len=settings.max_len,
         is_weights=token_weights,
         batch_stats=None if stats is None else stats.rows(mini.positions[micro], cols),
         rollout_logp=part.rollout_logp,
-        **settings.loss_options,
     )
-    # A non-finite loss still runs its backward (its gradients are dropped with the step, by _UpdateTotals.fold);
+    # A non-finite loss still runs its backward (its gradients are dropped with the step, by UpdateTotals.fold);
     # only its flag is kept, so the check costs no sync here.
     loss.backward()
-    return _MicroResult(
+    return MicroResult(
         finite=torch.isfinite(loss.detach()),
         loss=loss.detach(),
         tokens=part.mask.sum(),
@@ -437,23 +304,3 @@ def _in_loop_correction(
     return rollout_correction_tokens(
         old_logp, part.rollout_logp, response_mask, mode=correction.mode, **correction.options
     )
-
-
-def _place(
-    whole: CorrectionTokens | None, part: CorrectionTokens, where: tuple, shape: torch.Size
-) -> CorrectionTokens:
-    """``whole`` (zeros and False where no micro-batch wrote yet, made on first use in ``part``'s dtype) with
-    ``part`` written at ``where`` = (rows, cols): the whole batch's correction, for its metrics, computed once.
-
-    Each token's weight comes from its own row only (token modes: its own ratio; sequence modes: its row's), so
-    the assembled weights are those of one whole-batch call (bit for bit in token modes; in sequence modes up to
-    the summation order of a row's log-ratios over its trimmed columns)."""
-    if whole is None:
-        weights = torch.zeros(shape, dtype=part.weights.dtype, device=part.weights.device)
-        flags = torch.zeros(shape, dtype=torch.bool, device=part.weights.device)
-        whole = CorrectionTokens(weights, flags, flags.clone())
-    rows, cols = where
-    whole.weights[rows, cols] = part.weights
-    whole.keep[rows, cols] = part.keep
-    whole.truncated[rows, cols] = part.truncated
-    return whole
