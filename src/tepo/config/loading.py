@@ -6,7 +6,7 @@ and writing ``config.yaml`` atomically.
 Paths in a YAML file (``base:``, ``data.source``, ``eval.source``, the ``path`` of ``reward.functions``) are read
 from that file's folder, so a config works from any working directory; a relative path found there is made
 absolute (a run's saved ``config.yaml`` then works from anywhere too). One that is not there is read from the
-working directory, as before tepo ran in the file's folder (verl reads its reward path so). A name that is not a
+working directory (verl reads its reward path so, and configs written for it keep working). A name that is not a
 path (a preset, a Hugging Face dataset, a benchmark, a module) is left as it is. Overrides on the command line
 are read from the working directory."""
 

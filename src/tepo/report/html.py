@@ -173,7 +173,7 @@ def _curves_section(
     kept, zero, absent = informative_comparison_curves(runs_by_method)
     tags = []
     for key, label in kept:
-        # Named by the flat metric name (curve_reward_mean.png), as before the names were grouped: pages link them.
+        # Named by the flat metric name (curve_reward_mean.png): the committed study pages link the figures so.
         png = plot_metric_by_method(runs_by_method, key, label, fig_dir / f"curve_{flat_name(key)}.png")
         figures.append(png)
         tags.append(_png_tag(png, label))
