@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from helpers import tiny_llama
-from tepo.rollout import vllm
+from tepo.rollout import vllm, vllm_weights
 from tepo.rollout.weight_sync import choose_weights_root, weights_bytes
 
 
@@ -53,7 +53,8 @@ def test_weights_bytes_counts_the_untied_head_copy():
 
 
 def test_the_engine_asks_before_writing(monkeypatch, tmp_path):
-    """VLLMRollout writes its weights where choose_weights_root says (checked up to the write, no server)."""
+    """VLLMRollout writes its weights where choose_weights_root says (checked up to the write, no server; the
+    engine's weights live in tepo.rollout.vllm_weights)."""
     seen = {}
 
     def fake_root(needed):
@@ -67,8 +68,8 @@ def test_the_engine_asks_before_writing(monkeypatch, tmp_path):
         seen["folder"] = folder
         raise Stop
 
-    monkeypatch.setattr(vllm, "choose_weights_root", fake_root)
-    monkeypatch.setattr(vllm, "write_weights", stop_at_write)
+    monkeypatch.setattr(vllm_weights, "choose_weights_root", fake_root)
+    monkeypatch.setattr(vllm_weights, "write_weights", stop_at_write)
     monkeypatch.setattr(vllm, "find_vllm_python", lambda python: "/bin/true")
     logged = []
     model = tiny_llama(0)
