@@ -273,7 +273,7 @@ NEUTRAL = {"auto", None, "float32", False}
 # bf16 written as a default on purpose, with the reason.
 ALLOWED = {
     (
-        "benchmarks/bench_vllm_lora.py",
+        "benchmarks/_vllm_lora_engine.py",
         "call",
         "dtype",
     ): "a finished study of the bf16 engine's LoRA path: bf16 is "
