@@ -19,7 +19,6 @@ allows, not a guarantee (Colas et al. 2018, "How Many Random Seeds?").
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -27,10 +26,11 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as scipy_stats
 
+from tepo.compare.stats import sign_flip_p_rows
+
 DEFAULT_ALPHA = 0.05
 DEFAULT_POWER = 0.8
 DEFAULT_SIMULATIONS = 2_000
-MAX_EXACT_SIGN_FLIP = 16
 
 
 def detectable_paired_difference(
@@ -56,26 +56,6 @@ def t_test_power(delta: float, sd: float, seeds: int, *, alpha: float = DEFAULT_
     return float(scipy_stats.nct.sf(crit, df, nc) + scipy_stats.nct.cdf(-crit, df, nc))
 
 
-def _sign_flip_p_rows(d: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Sign-flip p of each row of ``d``: exact over all sign assignments up to MAX_EXACT_SIGN_FLIP columns (rows
-    taken in chunks, so 2^16 assignments stay in memory), else 2,000 random assignments."""
-    n = d.shape[1]
-    exact = n <= MAX_EXACT_SIGN_FLIP
-    signs = (
-        np.array(list(itertools.product((1.0, -1.0), repeat=n)))
-        if exact
-        else rng.choice((1.0, -1.0), (2_000, n))
-    )
-    hits = np.empty(d.shape[0])
-    chunk = max(1, 2**22 // len(signs))
-    for start in range(0, d.shape[0], chunk):
-        part = d[start : start + chunk]
-        hits[start : start + chunk] = np.sum(
-            np.abs(part @ signs.T) >= np.abs(part.sum(axis=1))[:, None] - 1e-12, axis=1
-        )
-    return hits / len(signs) if exact else (1 + hits) / (1 + len(signs))
-
-
 def simulated_power(
     delta: float,
     sd: float,
@@ -94,7 +74,7 @@ def simulated_power(
     spread = d.std(axis=1, ddof=1)
     t = d.mean(axis=1) / np.where(spread > 0, spread / math.sqrt(seeds), np.inf)
     p_t = 2 * scipy_stats.t.sf(np.abs(t), seeds - 1)
-    p_flip = _sign_flip_p_rows(d, rng)
+    p_flip = sign_flip_p_rows(d, resamples=2_000, rng=rng)
     return {"sign_flip": float(np.mean(p_flip < alpha)), "t": float(np.mean(p_t < alpha))}
 
 

@@ -96,21 +96,34 @@ def t_interval(values: Sequence[float], *, confidence: float = DEFAULT_CONFIDENC
     return Interval(mean, mean - half, mean + half, int(xs.size), tuple(xs.tolist()))
 
 
+def sign_flip_p_rows(d: np.ndarray, *, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """The sign-flip p of each row of ``d`` (``[rows, n]``): exact over all ``2^n`` sign assignments up to
+    :data:`EXACT_SIGN_FLIP_MAX_N` columns (rows in chunks, so 2^16 assignments stay in memory), else
+    ``(1 + hits) / (1 + resamples)`` over ``resamples`` random assignments drawn from ``rng``."""
+    n = d.shape[1]
+    exact = n <= EXACT_SIGN_FLIP_MAX_N
+    signs = (
+        np.array(list(itertools.product((1.0, -1.0), repeat=n)))
+        if exact
+        else rng.choice((1.0, -1.0), (resamples, n))
+    )
+    hits = np.empty(d.shape[0])
+    chunk = max(1, 2**22 // len(signs))
+    for start in range(0, d.shape[0], chunk):
+        part = d[start : start + chunk]
+        hits[start : start + chunk] = np.sum(
+            np.abs(part @ signs.T) >= np.abs(part.sum(axis=1))[:, None] - _TIE, axis=1
+        )
+    return hits / len(signs) if exact else (1 + hits) / (1 + resamples)
+
+
 def sign_flip_p(
     differences: Sequence[float], *, resamples: int = SIGN_FLIP_RESAMPLES, seed: int = DEFAULT_BOOTSTRAP_SEED
 ) -> float:
     """Two-sided p of the paired sign-flip (permutation) test: exact over all ``2^n`` sign assignments up to
     :data:`EXACT_SIGN_FLIP_MAX_N` differences, else Monte Carlo with ``resamples`` draws (module docstring)."""
     d = _finite(differences, "sign_flip_p")
-    observed = abs(float(d.sum()))
-    if d.size <= EXACT_SIGN_FLIP_MAX_N:
-        signs = np.array(list(itertools.product((1.0, -1.0), repeat=d.size)))
-        sums = np.abs(signs @ d)
-        return float(np.mean(sums >= observed - _TIE))
-    rng = np.random.default_rng(seed)
-    signs = rng.choice((1.0, -1.0), size=(resamples, d.size))
-    hits = int(np.sum(np.abs(signs @ d) >= observed - _TIE))
-    return (1 + hits) / (1 + resamples)
+    return float(sign_flip_p_rows(d[None, :], resamples=resamples, rng=np.random.default_rng(seed))[0])
 
 
 def paired_t_p(differences: Sequence[float]) -> float | None:
