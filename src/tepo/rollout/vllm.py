@@ -111,6 +111,9 @@ class VLLMRollout:
         self.request_timeout_s = float(request_timeout_s)
         self.last_sync_seconds = 0.0
         self.sync_count = 0
+        # Benchmarks only (bench_vs_trl.py --fixed-length): the engine may not stop before this many tokens, so
+        # every response has exactly max_new_tokens. Such samples are not the policy's; training never sets it.
+        self.min_new_tokens = 0
         # tepo.rollout.parity.ParityGuard (rollout.parity.check): checked after every synchronous weight sync.
         self.parity_guard = parity_guard
         self._pipe: ServerPipe | None = None
@@ -277,6 +280,7 @@ class VLLMRollout:
                     "seed": None if seed is None else int(seed),
                     "logprobs": bool(return_logprobs),
                     "stop_token_ids": self.eos_token_ids,
+                    "min_tokens": min(int(self.min_new_tokens), int(max_new_tokens)),
                 }
             )
         except VLLMServerError as err:
@@ -338,7 +342,7 @@ class VLLMRollout:
     def sync_weights(self, force: bool = False) -> bool:
         """Send the weights to the engine if they changed since the last sync (after :meth:`stage_weights`, the
         staged copy, without reading the model); True if it did. A synchronous sync is then checked by the
-        parity guard, where the run has one."""
+        parity guard, where the run has one and the guard's schedule (``rollout.parity.every``) says so."""
         staged = self._weights.use_staged
         start = time.perf_counter()
         version = self._weights.to_load(force)
@@ -348,7 +352,7 @@ class VLLMRollout:
         self._weights.loaded(version, staged=staged)
         self.last_sync_seconds = time.perf_counter() - start
         self.sync_count += 1
-        if self.parity_guard is not None and not staged:
+        if self.parity_guard is not None and not staged and self.parity_guard.due():
             # The probe's generate finds the weights synced (no recursion). Staged syncs (rollout.async_steps=1)
             # are not checked: the model is mid-update in another thread by then.
             seconds = self.last_sync_seconds

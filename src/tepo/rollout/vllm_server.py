@@ -9,7 +9,7 @@ left to vLLM's own logging). Only token ids, numbers and a folder path cross the
 
 - on start-up, once the engine is built: ``{"ok": true, "ready": true, "vllm": version, "seconds": s}``
 - ``{"cmd": "generate", "prompts": [[id, ...], ...], "n": G, "max_tokens": T, "temperature": t, "top_p": p,
-  "greedy": bool, "seed": s | null, "logprobs": bool, "stop_token_ids": [...]}`` ->
+  "greedy": bool, "seed": s | null, "logprobs": bool, "stop_token_ids": [...], "min_tokens": k (optional, 0)}`` ->
   ``{"ok": true, "outputs": [[{"token_ids": [...], "logprobs": [...] | null, "finish_reason": str}, ...G], ...],
   "seconds": s}``
 - ``{"cmd": "reload", "path": folder}`` (a folder with ``model.safetensors``): the engine's weights are
@@ -61,6 +61,8 @@ def _sampling_params(request: dict, prompt_number: int):
         seed=None if seed is None else int(seed) + prompt_number,
         stop_token_ids=[int(t) for t in request.get("stop_token_ids", [])],
         ignore_eos=False,
+        # Benchmarks only (bench_vs_trl.py --fixed-length): no stop token before this many tokens.
+        min_tokens=int(request.get("min_tokens", 0)),
         logprobs=0 if request.get("logprobs") else None,
         detokenize=False,
         skip_special_tokens=False,

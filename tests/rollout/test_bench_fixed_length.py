@@ -1,0 +1,50 @@
+"""benchmarks/bench_vs_trl.py --fixed-length (issue #54): tepo's engine then generates exactly max_new_tokens per
+response (equal work with TRL's min_new_tokens side), and the benchmark's whole-tree CPU clock counts the vLLM
+server's CPU time, which the trainer's own clock misses."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import vllm_python_or_skip
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+pytestmark = pytest.mark.model
+
+
+def test_fixed_length_makes_every_response_exactly_max_new_tokens_and_the_tree_clock_counts_the_server():
+    python = vllm_python_or_skip()
+    import time
+
+    from _common import tree_cpu_seconds
+    from bench_vs_trl import use_fixed_length
+
+    from tepo.models import load_model_and_tokenizer
+    from tepo.rollout.vllm import VLLMRollout
+
+    model, tokenizer = load_model_and_tokenizer(None)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say hi."}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    with VLLMRollout(model, tokenizer, python=python, dtype="bfloat16", kv_cache_gb=0.25) as rollout:
+        # Greedy, a short answer ends at EOS well before 48 tokens as the engine normally runs.
+        ended = rollout.generate([list(prompt)], num_samples=2, max_new_tokens=48, greedy=True)
+        assert ended.response_mask.sum(1).tolist() != [48, 48]
+        use_fixed_length(rollout, 48)
+        tree_start, own_start = tree_cpu_seconds(), time.process_time()
+        fixed = rollout.generate([list(prompt)], num_samples=2, max_new_tokens=48, greedy=True)
+        tree, own = tree_cpu_seconds() - tree_start, time.process_time() - own_start
+    assert fixed.response_mask.sum(1).tolist() == [48, 48]
+    assert tree > own  # the engine computed in the server process, outside the trainer's own clock
+
+
+def test_fixed_length_refuses_a_backend_without_its_own_engine():
+    from bench_vs_trl import use_fixed_length
+
+    with pytest.raises(SystemExit, match="needs the vllm backend"):
+        use_fixed_length(object(), 48)
