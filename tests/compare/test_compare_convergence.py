@@ -335,3 +335,27 @@ def test_cli_options_and_their_errors(tmp_path, capsys):
     assert "--columns: unknown column 'auc'; this table has held_out, sampled" in capsys.readouterr().err
     assert main(["compare", "--dir", str(d)]) == 2
     assert "--losses is required (unless --table-only)" in capsys.readouterr().err
+
+
+def test_grad_norm_cv_closed_form_and_paired_in_the_table(runs):
+    from tepo.compare.measures import grad_norm_cv
+
+    # norms 1, 2, 3: mean 2, population sd sqrt(2/3) -> cv 0.4082; NaN steps and missing rows are skipped.
+    rows = [{"step": s, "update/grad_norm": n} for s, n in ((1, 1.0), (2, 2.0), (3, 3.0))]
+    assert grad_norm_cv(rows) == pytest.approx((2 / 3) ** 0.5 / 2)
+    assert grad_norm_cv([*rows, {"step": 4, "update/grad_norm": float("nan")}, {"step": 5}]) == pytest.approx(
+        (2 / 3) ** 0.5 / 2
+    )
+    assert grad_norm_cv(rows[:1]) is None  # one step has no spread
+    assert grad_norm_cv([{"step": s, "update/grad_norm": 0.0} for s in (1, 2)]) is None
+    # In the table, paired by seed: tepo seed 0 norms 1..6 (cv = sd(1..6)/3.5), grpo seed 0 constant 2 (cv 0).
+    for method, norm in (("tepo", lambda step: float(step)), ("grpo", lambda step: 2.0)):
+        metrics = runs[method][0] / "metrics.jsonl"
+        logged = [json.loads(line) for line in metrics.read_text().splitlines()]
+        metrics.write_text("".join(json.dumps(r | {"grad_norm": norm(r["step"])}) + "\n" for r in logged))
+    table = build_table(runs)
+    expected = (sum((k - 3.5) ** 2 for k in range(1, 7)) / 6) ** 0.5 / 3.5
+    tepo = next(r for r in table["rows"] if r["method"] == "tepo")
+    assert tepo["per_seed"]["0"]["grad_norm_cv"] == pytest.approx(expected)
+    cell = table["paired"]["grad_norm_cv"]["tepo"]
+    assert cell["n"] == 1 and cell["mean"] == pytest.approx(expected)  # tepo - grpo on seed 0

@@ -208,6 +208,24 @@ def grad_norm_mean(rows: list[dict]) -> float | None:
     return sum(norms) / len(norms) if norms else None
 
 
+def grad_norm_cv(rows: list[dict]) -> float | None:
+    """Coefficient of variation of ``update/grad_norm`` over a run's steps: population sd / mean of the finite
+    pre-clip norms (the steps :func:`grad_norm_mean` averages); None with fewer than two such steps.
+
+    "Steadier" gradient norms (the tepo-decided study's H3, after TEPO v1 Fig. 3) read as a smaller value: the norm
+    moves less from step to step relative to its own size, so a method with larger norms is not penalised for
+    their scale. The sd is the population one (divided by n): a description of the run, not an estimate.
+    """
+    norms = [float(r[GRAD_NORM]) for r in rows if _number(r.get(GRAD_NORM)) is not None]
+    norms = [n for n in norms if math.isfinite(n)]
+    if len(norms) < 2:
+        return None
+    mean = sum(norms) / len(norms)
+    if mean <= 0:
+        return None
+    return math.sqrt(sum((n - mean) ** 2 for n in norms) / len(norms)) / mean
+
+
 def run_precision(run_dir: Path) -> str:
     """The precision a run trained at, in one word: ``bf16`` (autocast of the update) or ``float32``.
 

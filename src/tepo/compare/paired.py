@@ -27,13 +27,14 @@ from tepo.compare.stats import (
 ALPHA = 0.05
 _EQUAL = 1e-9
 # Measures compared seed by seed with the reference, beside any pass@k the runs logged.
-PAIRED_MEASURES = ("held_out", "sampled", "steps_to_share", "entropy_kept", "grad_norm")
+PAIRED_MEASURES = ("held_out", "sampled", "steps_to_share", "entropy_kept", "grad_norm", "grad_norm_cv")
 PAIRED_LABELS = {
     "held_out": "held-out",
     "sampled": "sampled",
     "steps_to_share": "steps to share",
     "entropy_kept": "entropy kept",
     "grad_norm": "grad norm",
+    "grad_norm_cv": "grad norm cv",
 }
 # For these a smaller value is the better one: "higher" then reads "slower" in words.
 LOWER_IS_BETTER = {"steps_to_share"}

@@ -32,6 +32,8 @@ Columns, from each run directory:
   less entropy or a flat curve is not better by itself,
 - ``grad norm``: the run's mean pre-clip gradient norm over its steps (:func:`grad_norm_mean`), what TEPO v1
   Fig. 3 compares; descriptive, not ranked,
+- ``grad norm cv``: its coefficient of variation over the steps (sd / mean, :func:`grad_norm_cv`): how steady the
+  norm is; descriptive, not ranked,
 - ``Δ held-out vs <ref>``: per seed, the method's final held-out accuracy minus the reference method's on the
   same seed (the same prompts, sampling seeds and held-out set), then the interval over seeds: the paired
   difference, which is what "no worse than" questions need (two overlapping intervals of the accuracies
@@ -83,6 +85,7 @@ from tepo.compare.measures import (
     convergence,
     curve_auc,
     entropy_kept,
+    grad_norm_cv,
     grad_norm_mean,
     held_out_curve,
     max_drop,
@@ -171,6 +174,7 @@ def run_values(run_dir: Path, *, threshold: float, window: int) -> RunValues:
     values["held_out_drop"] = max_drop(curve)
     values["entropy_kept"] = entropy_kept(rows)
     values["grad_norm"] = grad_norm_mean(rows)
+    values["grad_norm_cv"] = grad_norm_cv(rows)
     collapse = collapsed(
         _number(before.get("eval_greedy_accuracy")), values["held_out"], truncated_last_third(rows)
     )
@@ -275,6 +279,7 @@ def _columns(per_method: dict, reference: str, threshold: float, convergence_sha
         Column("held_out_drop", "held-out max drop", higher_is_better=False, ranked=False),
         Column("entropy_kept", "entropy kept", ranked=False),
         Column("grad_norm", "grad norm", ranked=False),
+        Column("grad_norm_cv", "grad norm cv", ranked=False),
         Column("collapsed", "collapsed", higher_is_better=False, ranked=False),
         Column("held_out_delta", f"Δ held-out vs {reference} (paired)", ranked=False),
         Column("seconds_per_step", "s/step", higher_is_better=False),
