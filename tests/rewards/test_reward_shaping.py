@@ -179,6 +179,8 @@ def test_defaults_are_off():
             r"reward.overlong_buffer \(64\) must be smaller than rollout.max_new_tokens",
         ),
         ("reward.overlong_buffer=100", "rollout.max_new_tokens \\(64\\)"),
+        ("reward.overlong_buffer=2.5", "neither a whole number of tokens nor a share"),
+        ("reward.overlong_buffer=0.999", r"\(0.999: 64 tokens\) must be smaller"),
         (
             "reward.overlong_penalty_factor=-0.5",
             "reward.overlong_penalty_factor: must be a finite number >= 0",
@@ -196,16 +198,26 @@ def test_bad_reward_keys_are_named(override, message):
 def test_buffer_is_checked_against_an_overridden_limit():
     assert load_config("default", ["reward.overlong_buffer=63"]).reward.overlong_buffer == 63
     with pytest.raises(ConfigError, match=r"smaller than rollout\.max_new_tokens"):
-        load_config("clip_higher", ["rollout.max_new_tokens=13"])
+        load_config("default", ["rollout.max_new_tokens=13", "reward.overlong_buffer=13"])
     ok = load_config("clip_higher", ["rollout.max_new_tokens=256", "reward.overlong_buffer=51"])
     assert ok.reward.overlong_buffer == 51
+    # The preset's share follows the limit: 0.2 of 13 tokens is 3.
+    assert load_config("clip_higher", ["rollout.max_new_tokens=13"]).reward.overlong_buffer == 0.2
 
 
 @pytest.mark.parametrize("preset", ["clip_higher", "dapo"])
 def test_dapo_presets_use_the_published_setting_scaled(preset):
+    from tepo.rewards.shaping import overlong_buffer_tokens
+    from tepo.training.parts import _overlong_shaping
+
+    # DAPO/verl: buffer 4096 of a 20480-token limit (1/5), factor 1.0, no overlong filtering; as a share, so the
+    # buffer follows the limit: 13 of 64 tokens, 26 of 128.
+    for limit in (64, 128, 256):
+        c = load_config(preset, [f"rollout.max_new_tokens={limit}"])
+        assert c.reward.overlong_buffer == 0.2
+        assert overlong_buffer_tokens(c.reward.overlong_buffer, limit) == round(limit * 4096 / 20480)
+        assert _overlong_shaping(c).buffer_len == round(limit * 4096 / 20480)
     c = load_config(preset)
-    # DAPO/verl: buffer 4096 of a 20480-token limit (1/5), factor 1.0, no overlong filtering.
-    assert c.reward.overlong_buffer == round(c.rollout.max_new_tokens * 4096 / 20480)
     assert (c.reward.overlong_penalty_factor, c.reward.overlong_filter) == (1.0, False)
     assert c.algorithm.loss == "dapo" and c.algorithm.dynamic_sampling
 

@@ -18,6 +18,7 @@ from tepo.compare.planning import ComparisonPlan, RunSpec, flat_config
 from tepo.compare.record import run_state, write_plan
 from tepo.compare.sharing import share_eval_before
 from tepo.config import ConfigError, RunConfig, load_config
+from tepo.rewards.shaping import overlong_buffer_tokens
 from tepo.training.micro_batches import resolve_micro_batch_tokens
 
 
@@ -37,9 +38,14 @@ def _config_differences(saved: RunConfig, planned: RunConfig) -> list[str]:
     a, b = flat_config(saved), flat_config(planned)
     # train.micro_batch_tokens "auto" is a function of rollout.max_new_tokens (tepo.training.micro_batches): compare
     # the layouts the two configs run with, so a planned auto matches a run saved with the None it resolves to.
+    # reward.overlong_buffer may be a share of the limit (the dapo preset's 0.2): compare the tokens it resolves to,
+    # so a run saved with 13 at 64 tokens is the planned run.
     for flat in (a, b):
         flat["train.micro_batch_tokens"] = resolve_micro_batch_tokens(
             flat.get("train.micro_batch_tokens"), flat.get("rollout.max_new_tokens", 0)
+        )
+        flat["reward.overlong_buffer"] = overlong_buffer_tokens(
+            flat.get("reward.overlong_buffer", 0), flat.get("rollout.max_new_tokens", 0)
         )
     # eval.pass_k_samples adds measures at the start and the end and changes nothing else (its own sampling seed): a
     # finished run without them is the same run, and the table shows pass@k for the runs that have it.

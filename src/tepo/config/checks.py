@@ -174,15 +174,7 @@ def _reward_errors(c: RunConfig) -> list[str]:
     if r.answer_format not in COMPLETION_ANSWER_FORMATS:
         expected = ", ".join(COMPLETION_ANSWER_FORMATS)
         errors.append(f"reward.answer_format: expected one of {expected}, got {r.answer_format!r}")
-    if r.overlong_buffer < 0:
-        errors.append(
-            f"reward.overlong_buffer: must be >= 0 tokens (0 turns it off), got {r.overlong_buffer}"
-        )
-    elif r.overlong_buffer and r.overlong_buffer >= c.rollout.max_new_tokens:
-        errors.append(
-            f"reward.overlong_buffer ({r.overlong_buffer}) must be smaller than rollout.max_new_tokens "
-            f"({c.rollout.max_new_tokens}): the penalty starts at max_new_tokens - overlong_buffer tokens"
-        )
+    errors += _overlong_buffer_errors(r.overlong_buffer, c.rollout.max_new_tokens)
     if not (math.isfinite(r.overlong_penalty_factor) and r.overlong_penalty_factor >= 0):
         errors.append(
             f"reward.overlong_penalty_factor: must be a finite number >= 0, got {r.overlong_penalty_factor}"
@@ -198,6 +190,32 @@ def _reward_errors(c: RunConfig) -> list[str]:
     # an error in every reward worker after the model has loaded.
     errors += bad_functions or user_reward_function_errors(r.functions)
     return errors
+
+
+def _overlong_buffer_errors(buffer, max_new_tokens: int) -> list[str]:
+    """``reward.overlong_buffer``: 0 (off), a whole number of tokens below the limit, or a share in (0, 1)."""
+    from tepo.rewards.shaping import overlong_buffer_tokens
+
+    if (
+        not isinstance(buffer, (int, float))
+        or isinstance(buffer, bool)
+        or not math.isfinite(buffer)
+        or buffer < 0
+    ):
+        return [
+            "reward.overlong_buffer: must be >= 0: tokens (e.g. 26), a share of rollout.max_new_tokens in (0, 1) "
+            f"(e.g. 0.2), or 0 (off); got {buffer}"
+        ]
+    if buffer >= 1 and buffer != int(buffer):
+        return [f"reward.overlong_buffer: {buffer} is neither a whole number of tokens nor a share in (0, 1)"]
+    tokens = overlong_buffer_tokens(buffer, max_new_tokens)
+    if tokens >= max_new_tokens:
+        given = f"{buffer}: {tokens} tokens" if buffer < 1 else str(tokens)
+        return [
+            f"reward.overlong_buffer ({given}) must be smaller than rollout.max_new_tokens "
+            f"({max_new_tokens}): the penalty starts at max_new_tokens - overlong_buffer tokens"
+        ]
+    return []
 
 
 def _advantage_errors(c: RunConfig) -> list[str]:
@@ -222,7 +240,7 @@ def _advantage_errors(c: RunConfig) -> list[str]:
         # Caught here, not at the first step whose penalty happens to push a reward below 0 (maybe step 20).
         errors.append(
             f"algorithm.advantage={name!r} refuses negative rewards (it divides by the group's mean reward, "
-            f"read as a success rate), but reward.overlong_buffer={c.reward.overlong_buffer} subtracts up to "
+            f"read as a success rate), but reward.overlong_buffer={c.reward.overlong_buffer:g} subtracts up to "
             f"reward.overlong_penalty_factor={c.reward.overlong_penalty_factor:g} from long responses, so a "
             "wrong long answer scores below 0. Set reward.overlong_buffer=0 (or overlong_penalty_factor=0), "
             "or use another estimator."
@@ -241,7 +259,7 @@ def _advantage_errors(c: RunConfig) -> list[str]:
     if reads_components and shaping:
         errors.append(
             f"algorithm.advantage={name!r} reads each reward of reward.functions, and the overlong penalty "
-            f"(reward.overlong_buffer={c.reward.overlong_buffer}) is not one of them, so it would be ignored; "
+            f"(reward.overlong_buffer={c.reward.overlong_buffer:g}) is not one of them, so it would be ignored; "
             "set reward.overlong_buffer=0 or use another estimator"
         )
     inputs = sorted(set(options) & set(TENSOR_INPUTS))

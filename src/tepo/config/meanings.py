@@ -92,7 +92,7 @@ MEANINGS: dict[str, str] = {
     "reward.num_workers": "worker processes that verify responses",
     "reward.timeout_s": "seconds one response may take to verify; beyond it: reward 0 and a counted time-out",
     "reward.answer_format": "where the answer is read: boxed, or boxed_or_last (else the last number)",
-    "reward.overlong_buffer": "DAPO's soft overlong punishment over the last N tokens of the limit (0: off)",
+    "reward.overlong_buffer": "DAPO's soft overlong punishment over the last N tokens of the limit, or a share of it in (0, 1) (0: off)",
     "reward.overlong_penalty_factor": "largest overlong penalty, reached at the length limit",
     "reward.overlong_filter": "leave truncated responses out of the loss (DAPO's overlong filtering)",
     "reward.functions": "reward functions with weights, built-in names or {path, name} of your own",

@@ -233,8 +233,9 @@ class RewardConfig:
     timeout_s: float = 5.0
     answer_format: str = "boxed_or_last"  # one of tepo.rewards.COMPLETION_ANSWER_FORMATS
     # DAPO's soft overlong punishment (tepo.rewards.shaping.overlong_penalty): responses longer than
-    # rollout.max_new_tokens - overlong_buffer tokens lose up to overlong_penalty_factor, linearly (0: off).
-    overlong_buffer: int = 0
+    # rollout.max_new_tokens - overlong_buffer tokens lose up to overlong_penalty_factor, linearly (0: off). Tokens,
+    # or a share of rollout.max_new_tokens in (0, 1) (the dapo preset's 0.2: DAPO's 4096 of 20480).
+    overlong_buffer: float = 0
     overlong_penalty_factor: float = 1.0
     # DAPO's overlong filtering: truncated responses (no EOS within rollout.max_new_tokens) are left out of the loss.
     overlong_filter: bool = False

@@ -59,6 +59,15 @@ def _check_lengths(max_len: int, buffer_len: int, penalty_factor: float) -> None
         )
 
 
+def overlong_buffer_tokens(buffer: float, max_new_tokens: int) -> int:
+    """``reward.overlong_buffer`` in tokens: a value >= 1 is a number of tokens; a value in (0, 1) a share of the
+    response limit, rounded to the nearest token and at least 1 (DAPO's recipe is 4096 of 20480, a share of 0.2,
+    which the ``dapo`` preset sets so that its buffer follows any ``rollout.max_new_tokens``); 0 is off."""
+    if 0 < buffer < 1:
+        return max(1, round(buffer * max_new_tokens))
+    return int(buffer)
+
+
 def overlong_penalty(
     response_lengths: Tensor, *, max_len: int, buffer_len: int, penalty_factor: float = 1.0
 ) -> Tensor:

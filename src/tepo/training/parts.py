@@ -144,6 +144,7 @@ def _sampler_settings(c: RunConfig) -> SamplerSettings:
 def _overlong_shaping(c: RunConfig) -> OverlongShaping | None:
     if not c.reward.overlong_buffer:
         return None
-    return OverlongShaping(
-        c.rollout.max_new_tokens, c.reward.overlong_buffer, c.reward.overlong_penalty_factor
-    )
+    from tepo.rewards.shaping import overlong_buffer_tokens
+
+    buffer = overlong_buffer_tokens(c.reward.overlong_buffer, c.rollout.max_new_tokens)
+    return OverlongShaping(c.rollout.max_new_tokens, buffer, c.reward.overlong_penalty_factor)
