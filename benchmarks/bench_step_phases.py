@@ -1,0 +1,114 @@
+"""Where one default step's time goes, phase by phase, with the vLLM rollout's pieces apart (issue #54).
+
+    .venv/bin/python benchmarks/bench_step_phases.py                      # the default run's first 5 steps
+    .venv/bin/python benchmarks/bench_step_phases.py rollout.parity.every=1 --steps 4
+
+Runs the default config (plus any overrides) for ``--steps`` steps in this process, with timers wrapped around the
+rollout backend's calls: the whole generation phase (``time/gen_seconds``), the engine's own seconds for each
+command it ran (``generate``, ``reload``, ``score``: the server measures them), the parity guard's check and its
+float32 probe pass in the trainer, and the update. One row per step. Step 1 has no weight sync before it; the
+first parity check also samples the guard's probe. Nothing is changed in what the step computes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import tempfile
+import time
+from pathlib import Path
+
+
+def timed(owner, name: str, key: str, totals: dict) -> None:
+    """Wrap ``owner.name`` so that each call adds its seconds to ``totals[key]``."""
+    fn = getattr(owner, name)
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            totals[key] = totals.get(key, 0.0) + time.perf_counter() - start
+
+    setattr(owner, name, wrapper)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("overrides", nargs="*", help="config overrides, as tepo train takes them")
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args(argv)
+
+    import tepo.rollout.parity as parity
+    import tepo.rollout.vllm as vllm
+    from tepo.config import load_config
+    from tepo.rewards import RewardPool
+    from tepo.training import Trainer
+    from tepo.training.step import train_step
+
+    totals: dict[str, float] = {}
+    timed(parity.ParityGuard, "check", "parity check", totals)
+    timed(parity, "trainer_probe_logprobs", "parity: trainer fp32 pass", totals)
+    call = vllm.VLLMRollout._call
+
+    def engine_call(self, request):
+        reply = call(self, request)
+        key = f"engine {request['cmd']}"
+        totals[key] = totals.get(key, 0.0) + float(reply.get("seconds", 0.0))
+        return reply
+
+    vllm.VLLMRollout._call = engine_call
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        fixed = [f"train.output_dir={tmp}", "eval.size=0", "train.save_every=0", "train.save_final=false"]
+        config = load_config("default", [*fixed, "log.progress=false", *args.overrides])
+        trainer = Trainer(config, Path(tmp) / "run", log=lambda *_: None).setup()
+        with RewardPool(num_workers=config.reward.num_workers, timeout_s=config.reward.timeout_s) as pool:
+            with trainer.rollout:
+                for _ in range(args.steps):
+                    totals.clear()
+                    row = train_step(
+                        trainer.parts, trainer.plan, pool, trainer.step, trainer.next_batch(pool)
+                    )
+                    trainer.counters.step += 1
+                    rows.append(
+                        {
+                            "step": trainer.counters.step,
+                            "tokens": row["rollout/gen_tokens"],
+                            "generation": row["time/gen_seconds"],
+                            "sync": row.get("time/rollout_sync_seconds") or 0.0,
+                            **totals,
+                            "update": row["time/update_seconds"],
+                            "step s": row["time/step_seconds"],
+                        }
+                    )
+    keys = [
+        "step",
+        "tokens",
+        "generation",
+        "sync",
+        "engine reload",
+        "engine generate",
+        "parity check",
+        "parity: trainer fp32 pass",
+        "engine score",
+        "update",
+        "step s",
+    ]
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for row in rows:
+        print(
+            "| "
+            + " | ".join(
+                f"{row.get(k, 0.0):.2f}" if k not in ("step", "tokens") else f"{row[k]:.0f}" for k in keys
+            )
+            + " |"
+        )
+
+
+if __name__ == "__main__":
+    main()
