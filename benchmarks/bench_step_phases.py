@@ -66,25 +66,23 @@ def main(argv=None) -> None:
         fixed = [f"train.output_dir={tmp}", "eval.size=0", "train.save_every=0", "train.save_final=false"]
         config = load_config("default", [*fixed, "log.progress=false", *args.overrides])
         trainer = Trainer(config, Path(tmp) / "run", log=lambda *_: None).setup()
-        with RewardPool(num_workers=config.reward.num_workers, timeout_s=config.reward.timeout_s) as pool:
-            with trainer.rollout:
-                for _ in range(args.steps):
-                    totals.clear()
-                    row = train_step(
-                        trainer.parts, trainer.plan, pool, trainer.step, trainer.next_batch(pool)
-                    )
-                    trainer.counters.step += 1
-                    rows.append(
-                        {
-                            "step": trainer.counters.step,
-                            "tokens": row["rollout/gen_tokens"],
-                            "generation": row["time/gen_seconds"],
-                            "sync": row.get("time/rollout_sync_seconds") or 0.0,
-                            **totals,
-                            "update": row["time/update_seconds"],
-                            "step s": row["time/step_seconds"],
-                        }
-                    )
+        pool = RewardPool(num_workers=config.reward.num_workers, timeout_s=config.reward.timeout_s)
+        with pool, trainer.rollout:
+            for _ in range(args.steps):
+                totals.clear()
+                row = train_step(trainer.parts, trainer.plan, pool, trainer.step, trainer.next_batch(pool))
+                trainer.counters.step += 1
+                rows.append(
+                    {
+                        "step": trainer.counters.step,
+                        "tokens": row["rollout/gen_tokens"],
+                        "generation": row["time/gen_seconds"],
+                        "sync": row.get("time/rollout_sync_seconds") or 0.0,
+                        **totals,
+                        "update": row["time/update_seconds"],
+                        "step s": row["time/step_seconds"],
+                    }
+                )
     keys = [
         "step",
         "tokens",
