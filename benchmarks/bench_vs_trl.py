@@ -369,7 +369,7 @@ def _trl_worker(args, workload: dict) -> dict:
             processing_class=tokenizer,
             callbacks=[StepTimer()],
             peft_config=peft_config,
-        ).setup()
+        )
         load_seconds = time.perf_counter() - start
         rss_after_load = current_rss_mb()
         try:
