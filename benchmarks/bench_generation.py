@@ -161,7 +161,7 @@ def main(argv=None) -> None:
     parser.add_argument("--candidate", help=argparse.SUPPRESS)  # worker modes
     parser.add_argument("--floor", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
-    parser.add_argument("--dtype", default="bfloat16", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", default=None, help=argparse.SUPPRESS)  # chosen by main() (tepo.precision)
     parser.add_argument("--prompts", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.floor or args.candidate:
