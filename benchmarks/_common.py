@@ -43,26 +43,32 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def tree_cpu_seconds(root: int | None = None) -> float:
-    """CPU seconds (user + system) used so far by a process and its living descendants, from /proc/<pid>/stat.
-
-    A step's CPU cost is the difference of two readings: it counts the vLLM server and the reward workers, which
-    ``time.process_time()`` (this process only) leaves out. Children that exited are not counted."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    stack, seen, total = [root or os.getpid()], set(), 0
+def _tree_pids(root: int | None = None):
+    """A process and all its living descendants, each pid once."""
+    stack, seen = [root or os.getpid()], set()
     while stack:
         pid = stack.pop()
         if pid in seen:
             continue
         seen.add(pid)
+        yield pid
+        stack += _children(pid)
+
+
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by a process and its living descendants, from /proc/<pid>/stat.
+
+    A step's CPU cost is the difference of two readings: it counts the vLLM server and the reward workers, which
+    ``time.process_time()`` (this process only) leaves out. Children that exited are not counted."""
+    total = 0
+    for pid in _tree_pids(root):
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
         except (OSError, IndexError, ValueError):
             continue
-        stack += _children(pid)
-    return total / ticks
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def tree_pss_mb(root: int | None = None) -> float:
@@ -72,12 +78,8 @@ def tree_pss_mb(root: int | None = None) -> float:
     really holds (a sum of RSS would count torch's shared libraries once per process). Used for backends that run
     part of the work in other processes (the vLLM server and its engine workers, the reward workers).
     """
-    stack, seen, total_kb = [root or os.getpid()], set(), 0
-    while stack:
-        pid = stack.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
+    total_kb = 0
+    for pid in _tree_pids(root):
         try:
             with open(f"/proc/{pid}/smaps_rollup") as f:
                 for line in f:
@@ -86,7 +88,6 @@ def tree_pss_mb(root: int | None = None) -> float:
                         break
         except OSError:
             continue
-        stack += _children(pid)
     return total_kb / 1024
 
 
