@@ -203,9 +203,14 @@ def grad_norm_mean(rows: list[dict]) -> float | None:
     TEPO v1 Fig. 3 claims "consistently higher" gradient norms than GRPO: paired by seed, this is the number
     that claim is checked on. A step with no update logs NaN and is left out; ``None`` without any.
     """
-    norms = [float(r[GRAD_NORM]) for r in rows if _number(r.get(GRAD_NORM)) is not None]
-    norms = [n for n in norms if math.isfinite(n)]
+    norms = _finite_grad_norms(rows)
     return sum(norms) / len(norms) if norms else None
+
+
+def _finite_grad_norms(rows: list[dict]) -> list[float]:
+    """The steps' finite ``update/grad_norm`` values (a step with no update logs NaN; rows without it are skipped)."""
+    norms = [float(r[GRAD_NORM]) for r in rows if _number(r.get(GRAD_NORM)) is not None]
+    return [n for n in norms if math.isfinite(n)]
 
 
 def grad_norm_cv(rows: list[dict]) -> float | None:
@@ -216,8 +221,7 @@ def grad_norm_cv(rows: list[dict]) -> float | None:
     moves less from step to step relative to its own size, so a method with larger norms is not penalised for
     their scale. The sd is the population one (divided by n): a description of the run, not an estimate.
     """
-    norms = [float(r[GRAD_NORM]) for r in rows if _number(r.get(GRAD_NORM)) is not None]
-    norms = [n for n in norms if math.isfinite(n)]
+    norms = _finite_grad_norms(rows)
     if len(norms) < 2:
         return None
     mean = sum(norms) / len(norms)

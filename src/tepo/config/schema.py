@@ -108,7 +108,7 @@ class ParityConfig:
     min_shift: float = 0.08
     min_share: float = 0.5
     # A check costs a float32 forward of the probe in the trainer and a prefill in the engine: 2.3-2.5 s on 2 CPU
-    # cores, a third of the default step's generation (docs/performance.md, "The parity guard's schedule"). The
+    # cores, a third of the default step's generation (docs/performance.md, "Issue #54"). The
     # first two syncs are always checked (a broken sync shows at once and the frozen-engine test has its pair);
     # after them every 8th: a sync that fails from some point on is caught within 8 updates. 1: every sync.
     every: int = 8

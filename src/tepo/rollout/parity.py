@@ -1,8 +1,9 @@
 """Parity guard: does the rollout engine sample the weights being trained? (``rollout.parity.check``)
 
 At a synchronous weight sync (the first two, then every ``rollout.parity.every``-th: :meth:`ParityGuard.due`) the
-engine and the trainer score one fixed probe: ``len(PROBE_QUESTIONS)`` chat prompts and the responses the engine sampled for them at the first check (seeded, temperature 1, so the tokens
-are not all near-certain ones whose log-prob cannot move). The probe's tokens never change afterwards.
+engine and the trainer score one fixed probe: ``len(PROBE_QUESTIONS)`` chat prompts and the responses the engine
+sampled for them at the first check (seeded, temperature 1, so the tokens are not all near-certain ones whose
+log-prob cannot move). The probe's tokens never change afterwards.
 
 - The engine scores them under the weights it holds (``score_tokens``: one prefill, ``prompt_logprobs``): ``e``.
 - The trainer scores them in float32 *at the weights the engine was sent*: the exported (LoRA-merged) tensors
