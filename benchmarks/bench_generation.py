@@ -10,7 +10,10 @@ process of the vLLM interpreter (``.venv-vllm``), with one setting changed:
 - ``today``: the default's requests: 4 prompts x 8 seeded samples, the sampled tokens' log-probs;
 - ``no_logprobs``: no log-probs returned (the sampler's log-softmax over the vocabulary is then skipped);
 - ``unseeded``: no per-request generator (one engine-wide one);
-- ``compiled``: ``enforce_eager=False``, vLLM's inductor-compiled CPU graph (start-up includes the compile);
+- ``compiled``: ``enforce_eager=False``, vLLM's inductor-compiled CPU graph, from an empty compile cache (start-up
+  includes the whole compile);
+- ``compiled_warm``: the same from a compile cache that an untimed compiled start filled at the beginning of this
+  run (what every engine start after a machine's first pays; see ``tepo.rollout.vllm_launch.compile_env``);
 - ``rows64``: 8 prompts x 8 samples, twice the default's rows in one batch.
 
 Every response is exactly ``--new-tokens`` long (``min_tokens``), so each candidate does the same work. Measured:
@@ -28,10 +31,11 @@ import json
 import os
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
-CANDIDATES = ("today", "no_logprobs", "unseeded", "compiled", "rows64")
+CANDIDATES = ("today", "no_logprobs", "unseeded", "compiled", "compiled_warm", "rows64")
 QUESTIONS = [
     f"What is {a} + {b} * 3? Give the final answer as a number."
     for a, b in ((37, 48), (123, 456), (19, 7), (88, 91), (5, 64), (71, 12), (240, 3), (9, 99))
@@ -52,7 +56,7 @@ def engine_worker(args) -> dict:
         dtype=args.dtype,
         max_model_len=4096,
         seed=0,
-        enforce_eager=name != "compiled",
+        enforce_eager=not name.startswith("compiled"),
         skip_tokenizer_init=True,
         logprobs_mode="processed_logprobs",
         kv_cache_memory_bytes=int(0.25 * 2**30),
@@ -138,9 +142,13 @@ def prompt_ids(model: str) -> list[list[int]]:
     ]
 
 
-def run_in_vllm(python: str, argv: list[str], cores: str) -> dict:
+def run_in_vllm(python: str, argv: list[str], cores: str, cache: str | None = None) -> dict:
     env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=cores)
     env.pop("PYTHONPATH", None)
+    if cache is not None:  # the compiled candidates: tepo's compile settings, with the cache in `cache`
+        from tepo.rollout.vllm_launch import compile_env
+
+        env.update(compile_env(cache))
     proc = subprocess.run([python, __file__, *argv], capture_output=True, text=True, env=env, timeout=1800)
     line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
@@ -195,10 +203,15 @@ def main(argv=None) -> None:
     )
     results: dict[str, list[dict]] = {n: [] for n in names}
     floors = []
+    caches = tempfile.TemporaryDirectory(prefix="bench-generation-cache-")
+    warm_cache = os.path.join(caches.name, "warm")
+    if "compiled_warm" in names:  # fill the warm cache, untimed
+        run_in_vllm(python, ["--candidate", "compiled_warm", *common, "--new-tokens", "8"], cores, warm_cache)
     for round_index in range(args.rounds):
         floors.append(run_in_vllm(python, ["--floor", *common], cores)["floor_ms"])
         for name in names if round_index % 2 == 0 else names[::-1]:
-            result = run_in_vllm(python, ["--candidate", name, *common], cores)
+            cache = {"compiled": os.path.join(caches.name, f"cold{round_index}"), "compiled_warm": warm_cache}
+            result = run_in_vllm(python, ["--candidate", name, *common], cores, cache.get(name))
             results[name].append(result)
             print(
                 f"round {round_index + 1} {name:>12}: {json.dumps({k: round(v, 1) for k, v in result.items()})} load {os.getloadavg()[0]:.2f}",

@@ -41,6 +41,7 @@ def test_guard_stops_a_stale_engine_and_passes_a_synced_one(monkeypatch, lora):
     if lora:
         model = apply_lora(model, LoraConfig(rank=8, alpha=16.0))
     with VLLMRollout(model, tokenizer, python=python, dtype="bfloat16", kv_cache_gb=0.25) as rollout:
+        assert rollout.compilation == "NONE"  # eager on the CPU unless rollout.vllm.compile
         max_gap = RolloutConfig().parity.max_gap
         rollout.parity_guard = ParityGuard(max_gap)
         fresh = rollout.parity_guard.check(rollout)

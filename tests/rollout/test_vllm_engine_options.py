@@ -38,3 +38,30 @@ def test_cuda_sizes_the_cache_from_the_utilization_and_keeps_cuda_graphs():
 
 def test_the_server_defaults_to_eager_when_not_told():
     assert _parsed({}).enforce_eager == 1
+
+
+def test_cpu_compiles_only_when_asked_and_cuda_is_unchanged_by_it():
+    options = engine_memory_options("cpu", kv_cache_gb=0.25, gpu_memory_utilization=0.3, compile_cpu=True)
+    assert options == {"--enforce-eager": 0, "--kv-cache-bytes": 2**28}
+    assert _parsed(options).enforce_eager == 0
+    cuda = engine_memory_options("cuda", kv_cache_gb=0.25, gpu_memory_utilization=0.3, compile_cpu=True)
+    assert cuda == engine_memory_options("cuda", kv_cache_gb=0.25, gpu_memory_utilization=0.3)
+
+
+def test_the_compiled_engine_keeps_its_cache_under_tepos_cache_root_with_aot_off(tmp_path, monkeypatch):
+    from tepo.rollout.vllm_launch import compile_cache_dir, compile_env
+
+    monkeypatch.setenv("TEPO_CACHE_DIR", str(tmp_path))
+    cache = compile_cache_dir()
+    assert cache == str(tmp_path / "compile")
+    env = compile_env(cache)
+    # vLLM 0.32's AOT artifact cannot be loaded back on the CPU: with it on, every start recompiled (about 60 s).
+    assert env["VLLM_USE_AOT_COMPILE"] == "0"
+    assert env["TORCHINDUCTOR_CACHE_DIR"].startswith(cache) and env["VLLM_CACHE_ROOT"].startswith(cache)
+
+
+def test_rollout_vllm_compile_is_a_config_key_off_by_default():
+    from tepo.config import load_config
+
+    assert load_config("default", []).rollout.vllm.compile is False
+    assert load_config("default", ["rollout.vllm.compile=true"]).rollout.vllm.compile is True

@@ -7,7 +7,8 @@ nothing from tepo, so that environment does not need tepo or the trainer's depen
 Protocol: one JSON object per line on ``--in-fd``, one JSON reply per line on ``--out-fd`` (stdout and stderr are
 left to vLLM's own logging). Only token ids, numbers and a folder path cross the pipe: no pickle, no code.
 
-- on start-up, once the engine is built: ``{"ok": true, "ready": true, "vllm": version, "seconds": s}``
+- on start-up, once the engine is built: ``{"ok": true, "ready": true, "vllm": version, "seconds": s, ...}`` with
+  the engine's batch limits and its compilation mode
 - ``{"cmd": "generate", "prompts": [[id, ...], ...], "n": G, "max_tokens": T, "temperature": t, "top_p": p,
   "greedy": bool, "seed": s | null, "logprobs": bool, "stop_token_ids": [...], "min_tokens": k (optional, 0)}`` ->
   ``{"ok": true, "outputs": [[{"token_ids": [...], "logprobs": [...] | null, "finish_reason": str}, ...G], ...],
@@ -223,8 +224,8 @@ def _serve(args) -> int:
             dtype=args.dtype,
             max_model_len=args.max_model_len,
             seed=args.seed,
-            # Chosen per device by tepo.rollout.vllm_launch.engine_memory_options: eager on the CPU (start-up was 14 s
-            # against 72 s compiled on the CPU build), CUDA graphs on a GPU.
+            # Chosen per device by tepo.rollout.vllm_launch.engine_memory_options: eager on the CPU unless
+            # rollout.vllm.compile (its start-up is 15-85 s against 3 s), CUDA graphs on a GPU.
             enforce_eager=bool(args.enforce_eager),
             # Token ids in, token ids out: tepo tokenizes and decodes with its own tokenizer.
             skip_tokenizer_init=True,
@@ -248,6 +249,8 @@ def _serve(args) -> int:
             "max_num_seqs": int(scheduler.max_num_seqs),
             "max_num_batched_tokens": int(scheduler.max_num_batched_tokens),
             "chunked_prefill": bool(scheduler.enable_chunked_prefill),
+            # What vLLM made of --enforce-eager on this device (e.g. NONE, DYNAMO_TRACE_ONCE on the CPU).
+            "compilation": getattr(llm.llm_engine.vllm_config.compilation_config.mode, "name", None),
         }
     )
 
