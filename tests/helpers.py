@@ -41,6 +41,19 @@ def vllm_python_or_skip() -> str:
         pytest.skip(f"vLLM is not installed: {err}")
 
 
+def raise_one_answer(model, tokenizer, steps: int = 6, lr: float = 5e-3) -> None:
+    """A few AdamW steps raising the log-prob of one fixed answer (a large lr: a clear change of the policy)."""
+    import torch
+
+    ids = tokenizer("What is 2 + 2? The answer is 4, of course.", return_tensors="pt")["input_ids"]
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
 def small_run_overrides(tmp_path, *extra: str) -> list[str]:
     """Config overrides of a few-second training run on the HF backend (the trainer's logic; the vLLM backend has
     its own run in tests/rollout/test_rollout_vllm.py): 2 prompts x 3 samples of 8 tokens, micro-batches of 4, 2

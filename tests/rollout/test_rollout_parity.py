@@ -9,21 +9,10 @@ import json
 import pytest
 import torch
 
-from helpers import small_vllm_run_overrides, vllm_python_or_skip
+from helpers import raise_one_answer, small_vllm_run_overrides, vllm_python_or_skip
 from tepo.rollout.parity import ParityError, ParityGuard
 
 pytestmark = pytest.mark.model
-
-
-def _update(model, tokenizer, steps: int = 6, lr: float = 5e-3) -> None:
-    """A few AdamW steps raising the log-prob of one fixed answer (a large lr: a clear change of the policy)."""
-    ids = tokenizer("What is 2 + 2? The answer is 4, of course.", return_tensors="pt")["input_ids"]
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
-    for _ in range(steps):
-        loss = model(input_ids=ids, labels=ids).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
 
 
 @pytest.mark.parametrize("lora", [True])
@@ -49,7 +38,7 @@ def test_guard_stops_a_stale_engine_and_passes_a_synced_one(monkeypatch, lora):
         # lr 2e-3: a clear change (a stale engine measured 1.3 per token, above max_gap 0.5) that keeps the model far
         # from degenerate, where the bf16 engine and the float32 trainer part even on the same weights (at 5e-3 a
         # correct sync measured 0.05 or 0.69 depending on the adapters' initialisation).
-        _update(model, tokenizer, lr=2e-3)
+        raise_one_answer(model, tokenizer, lr=2e-3)
 
         real_call = rollout._call
         monkeypatch.setattr(

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import vllm_python_or_skip
-from test_rollout_parity import _update
+from helpers import raise_one_answer, vllm_python_or_skip
 from tepo.rollout.parity import ParityGuard
 
 pytestmark = pytest.mark.model
@@ -28,7 +27,7 @@ def test_the_compiled_engine_follows_a_weight_sync_through_the_parity_guard():
         max_gap = RolloutConfig().parity.max_gap
         rollout.parity_guard = ParityGuard(max_gap)
         assert rollout.parity_guard.check(rollout).gap < max_gap
-        _update(model, tokenizer, lr=2e-3)
+        raise_one_answer(model, tokenizer, lr=2e-3)
         # The guard's share test stops a sync that the compiled graph did not take (ParityError).
         assert rollout.sync_weights(force=True)
         assert rollout.parity_guard.last_gap < max_gap and rollout.parity_guard.checks == 2
