@@ -72,12 +72,35 @@ def _cmd_compare(args) -> int:
     print()
     print(render_markdown(shown) if args.markdown else render_terminal(shown))
     print(f"\ntable: {md} (JSON: {js})")
+    if args.hypotheses:
+        _print_verdicts(table, args.hypotheses, directory)
     if not args.no_report:
         from tepo.report.html import build_report
 
         result = build_report(directory, **table_options(args))
         print(f"report: {result.html_path}")
     return 0
+
+
+def _print_verdicts(table: dict, hypotheses_path: str, directory: Path) -> None:
+    """Decide the pre-registered hypotheses of ``hypotheses_path`` from ``table``; write and print the verdicts."""
+    from tepo.compare.hypotheses import (
+        HypothesisError,
+        decide_all,
+        read_hypotheses,
+        render_verdicts,
+        write_verdicts,
+    )
+    from tepo.config import ConfigError
+
+    try:
+        hypotheses, alpha = read_hypotheses(hypotheses_path)
+        verdicts = decide_all(table, hypotheses, alpha)
+    except HypothesisError as err:
+        raise ConfigError(f"--hypotheses {err}") from None
+    reference = table.get("convergence", {}).get("reference")
+    md, _ = write_verdicts(verdicts, reference, directory)
+    print("\n" + render_verdicts(verdicts, reference) + f"verdicts: {md}")
 
 
 def _eval_seed(text: str) -> int | None:
@@ -165,6 +188,12 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--markdown", action="store_true", help="print the table as Markdown (with the per-seed tables)"
+    )
+    p.add_argument(
+        "--hypotheses",
+        metavar="YAML",
+        help="pre-registered hypotheses to decide from the table by their stated rules (tepo.compare.hypotheses); "
+        "writes verdicts.md and verdicts.json beside the table",
     )
     threshold_args(p)
     p.add_argument(
