@@ -234,6 +234,10 @@ def test_plan_identical_settings_and_prompt_schedules(tmp_path):
     assert len(set(d0.values())) == 1 and len(set(d1.values())) == 1 and d0["grpo"] != d1["grpo"]
     assert any("tepo_v2_kl_mask also changes train.ppo_epochs=2" in n for n in plan.notes)
     assert by[("tepo_v2_kl_mask", 0)].train.ppo_epochs == 2 and by[("grpo", 0)].train.ppo_epochs == 1
+    # Set on the command line, the preset's key is every method's: no note says the rows differ in it.
+    same = plan_comparison(tmp_path, ["grpo", "tepo_v2_kl_mask"], [0], overrides=["train.ppo_epochs=2"])
+    assert not any("also changes" in n for n in same.notes)
+    assert {r.config.train.ppo_epochs for r in same.runs} == {2}
     with pytest.raises(ConfigError, match=r"train\.seed is set by tepo compare"):
         plan_comparison(tmp_path, ["grpo"], [0], overrides=["train.seed=3"])
     with pytest.raises(ConfigError, match=r"train\.steps: must be >= 1"):

@@ -187,10 +187,12 @@ def plan_comparison(
             raise ConfigError(f"override {item!r}: {key} is set by tepo compare (use --seeds / --losses)")
     plan = ComparisonPlan(directory, list(methods), list(seeds), base, overrides, [])
     base_flat = flat_config(load_config(base, overrides))
+    # The command line's overrides come after a preset's changes, so a key they set is the same for every method.
+    overridden = {item.split("=", 1)[0].strip() for item in overrides}
     for method in methods:
         changes = method_overrides(method)
         plan.method_changes[method] = changes
-        outside = {k: v for k, v in changes.items() if not k.startswith("algorithm.")}
+        outside = {k: v for k, v in changes.items() if not k.startswith("algorithm.") and k not in overridden}
         if outside:
             plan.notes.append(
                 f"{method} also changes {', '.join(f'{k}={v!r}' for k, v in sorted(outside.items()))} "
