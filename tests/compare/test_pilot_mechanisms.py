@@ -47,3 +47,23 @@ def test_the_table_of_a_two_setting_pilot(tmp_path, capsys):
     grpo = next(line for line in out if "| u1 " in line)
     assert "0.0100 (max 0.0100)" in grpo and grpo.rstrip(" |").endswith("yes")  # ended below its start
     assert load_script("pilot_mechanisms").main([str(tmp_path / "missing")]) == 2
+
+
+def test_per_method_pools_the_seeds_of_one_comparison(tmp_path, capsys):
+    def step(p10, fire):
+        return {"update/optimizer_updates": 8, "update/seq_ratio_p10": p10, "update/seq_ratio_p50": 1.0,
+                "update/seq_ratio_p90": 1.1, "update/seq_ratio_min": p10 - 0.1, "update/seq_ratio_max": 1.2,
+                "update/seq_clip_frac_low": 0.0, "update/seq_clip_frac_high": fire,
+                "rollout/frac_truncated": 0.1}  # fmt: skip
+
+    _run(tmp_path / "tepo" / "seed0", [step(0.9, 0.0), step(0.8, 0.25)], before=0.3, after=0.4)
+    _run(tmp_path / "tepo" / "seed1", [step(0.7, 0.0), step(0.95, 0.0)], before=0.3, after=0.2)
+    _run(tmp_path / "grpo" / "seed0", [{"update/clip_frac_high": 0.02}], 0.3, 0.5)
+    assert load_script("pilot_mechanisms").main(["--per-method", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    tepo = next(line for line in out if "tepo (2 seeds)" in line)
+    # p10 pooled over 4 steps: median of (0.9, 0.8, 0.7, 0.95) = 0.85; min 0.6; fired on 1 of 4 steps, mean 0.0625
+    assert "0.850 / 1.000 / 1.100" in tepo and "0.600 / 1.200" in tepo and "0.0625 (1/4 steps)" in tepo
+    # held-out medians over the seeds (0.3 -> 0.3), and one of two runs collapsed (seed 1 ended below its start)
+    assert "0.300 -> 0.300 (medians)" in tepo and tepo.rstrip(" |").endswith("1/2")
+    assert any("grpo (1 seed)" in line for line in out)
