@@ -74,6 +74,17 @@ def _cmd_compare(args) -> int:
     print(f"\ntable: {md} (JSON: {js})")
     if args.hypotheses:
         _print_verdicts(table, args.hypotheses, directory)
+    if args.export:
+        from tepo.compare.export import export_comparison
+
+        try:
+            copied, unfinished = export_comparison(directory, Path(args.export))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        print(
+            f"exported the small files of {len(copied)} finished runs to {args.export}"
+            + (f" ({len(unfinished)} unfinished left out)" if unfinished else "")
+        )
     if not args.no_report:
         from tepo.report.html import build_report
 
@@ -194,6 +205,12 @@ def register(subparsers) -> None:
         metavar="YAML",
         help="pre-registered hypotheses to decide from the table by their stated rules (tepo.compare.hypotheses); "
         "writes verdicts.md and verdicts.json beside the table",
+    )
+    p.add_argument(
+        "--export",
+        metavar="DEST",
+        help="copy the plan and every finished run's small files (config, metrics, summaries, held-out records; "
+        "no checkpoints or logs) to DEST, e.g. a study folder to commit (tepo.compare.export)",
     )
     threshold_args(p)
     p.add_argument(
