@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from tepo.compare.record import discover_runs
@@ -14,16 +12,15 @@ from tepo.compare.table import build_table
 STUDY = Path(__file__).resolve().parents[2] / "docs" / "results" / "tepo-offpolicy"
 
 
-def _compare(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tepo.cli", "compare", "--table-only", "--no-report", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _compare(capsys, *args: str) -> tuple[int, str, str]:
+    from tepo.cli import main
+
+    code = main(["compare", "--table-only", "--no-report", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
-def test_export_copies_finished_runs_small_files_and_leaves_the_rest(tmp_path):
+def test_export_copies_finished_runs_small_files_and_leaves_the_rest(tmp_path, capsys):
     source, dest = tmp_path / "source", tmp_path / "dest"
     shutil.copytree(STUDY, source, ignore=shutil.ignore_patterns("report"))
     run = source / "tepo" / "seed0"
@@ -35,12 +32,9 @@ def test_export_copies_finished_runs_small_files_and_leaves_the_rest(tmp_path):
     unfinished = source / "sapo" / "seed2"
     (unfinished / "summary.json").unlink()  # interrupted: config.yaml and metrics only
 
-    result = _compare("--dir", str(source), "--export", str(dest))
-    assert result.returncode == 0, result.stderr
-    assert (
-        "exported the small files of 11 finished runs" in result.stdout
-        and "1 unfinished left out" in result.stdout
-    )
+    code, out, err = _compare(capsys, "--dir", str(source), "--export", str(dest))
+    assert code == 0, err
+    assert "exported the small files of 11 finished runs" in out and "1 unfinished left out" in out
     copied = dest / "tepo" / "seed0"
     assert (copied / "config.yaml").read_text() == (run / "config.yaml").read_text()
     assert (copied / "held_out" / "after.jsonl").read_text() == '{"id": 1}\n'
@@ -55,15 +49,13 @@ def test_export_copies_finished_runs_small_files_and_leaves_the_rest(tmp_path):
     (source / "sapo" / "seed2" / "summary.json").write_text(
         (source / "sapo" / "seed1" / "summary.json").read_text()
     )
-    again = _compare("--dir", str(source), "--export", str(dest))
-    assert (
-        again.returncode == 0 and "of 12 finished runs" in again.stdout
-    )  # a later export brings it up to date
+    code, out, _ = _compare(capsys, "--dir", str(source), "--export", str(dest))
+    assert code == 0 and "of 12 finished runs" in out  # a later export brings it up to date
     assert (dest / "sapo" / "seed2" / "summary.json").exists()
 
 
-def test_export_into_the_source_itself_is_refused(tmp_path):
+def test_export_into_the_source_itself_is_refused(tmp_path, capsys):
     source = tmp_path / "source"
     shutil.copytree(STUDY, source, ignore=shutil.ignore_patterns("report"))
-    result = _compare("--dir", str(source), "--export", str(source))
-    assert result.returncode != 0 and "the same directory as --dir" in result.stderr
+    code, _, err = _compare(capsys, "--dir", str(source), "--export", str(source))
+    assert code == 2 and "the same directory as --dir" in err

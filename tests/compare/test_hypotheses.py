@@ -4,8 +4,6 @@ built by the table's own code (tepo.compare.paired), the file's errors, and the 
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -164,23 +162,26 @@ def test_the_study_of_this_repository_registers_its_plans_four_hypotheses():
     }
 
 
-def _compare_table_only(study: Path, hypotheses: Path) -> subprocess.CompletedProcess:
-    command = ["compare", "--table-only", "--dir", str(study), "--no-report", "--hypotheses", str(hypotheses)]
-    return subprocess.run(
-        [sys.executable, "-m", "tepo.cli", *command], capture_output=True, text=True, timeout=300
+def _compare_table_only(study: Path, hypotheses: Path, capsys) -> tuple[int, str, str]:
+    from tepo.cli import main
+
+    code = main(
+        ["compare", "--table-only", "--dir", str(study), "--no-report", "--hypotheses", str(hypotheses)]
     )
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
-def test_tepo_compare_decides_hypotheses_on_a_committed_study(tmp_path):
+def test_tepo_compare_decides_hypotheses_on_a_committed_study(tmp_path, capsys):
     study = tmp_path / "study"
     shutil.copytree(RESULTS / "tepo-offpolicy", study, ignore=shutil.ignore_patterns("report"))
     path = _write(tmp_path, {"hypotheses": [GOOD, {**GOOD, "id": "H4", "measure": "entropy_kept"}]})
-    result = _compare_table_only(study, path)
-    assert result.returncode == 0, result.stderr
+    code, out, err = _compare_table_only(study, path, capsys)
+    assert code == 0, err
     written = (study / "verdicts.md").read_text()
-    assert written in result.stdout
+    assert written in out
     # Three seeds: the smallest exact sign-flip p is 2/8 = 0.25, so nothing can be decided; the file says so.
     assert written.count("**undecided**") == 2
     bad = _write(tmp_path, {"hypotheses": [{**GOOD, "method": "sapo_x"}]})
-    refused = _compare_table_only(study, bad)
-    assert refused.returncode != 0 and "method 'sapo_x' is not compared in this table" in refused.stderr
+    code, _, err = _compare_table_only(study, bad, capsys)
+    assert code == 2 and "method 'sapo_x' is not compared in this table" in err
