@@ -87,8 +87,8 @@ class VllmConfig:
     max_model_len: int | None = None
     # On the CPU: vLLM's inductor-compiled model instead of eager execution. Decode 1.2-1.4x faster, but the first
     # start on a machine compiles for 75-85 s and every later one loads the compile cache for 15-18 s, against 3 s
-    # eager (docs/performance.md, "The compiled CPU engine"): it pays from roughly 1,500 decode steps per engine
-    # start (long runs, large evaluations), not in the 12-step default. On CUDA the engine always compiles.
+    # eager (docs/performance.md, "The compiled CPU engine"): it pays from roughly 700-1,100 decode steps per engine
+    # start (long runs, large evaluations); the 12-step default breaks even at best. On CUDA it always compiles.
     compile: bool = False
 
 
