@@ -143,11 +143,25 @@ def test_a_file_without_hypotheses_or_with_duplicate_ids_is_refused(tmp_path):
 
 
 def test_a_measure_or_method_the_table_lacks_is_refused_naming_what_it_has():
-    table = {"paired": {"held_out": {"tepo": {"n": 0}}}, "rows": [], "convergence": {"reference": "grpo"}}
+    rows = [{"method": "grpo"}, {"method": "tepo"}]
+    table = {"paired": {"held_out": {"tepo": {"n": 0}}}, "rows": rows, "convergence": {"reference": "grpo"}}
     with pytest.raises(HypothesisError, match="measure 'entropy' is not paired in this table"):
         decide_all(table, [Hypothesis("H", "c", "entropy", "tepo", "higher")])
     with pytest.raises(HypothesisError, match=r"method 'sapo' is not compared in this table \(tepo\)"):
         decide_all(table, [Hypothesis("H", "c", "held_out", "sapo", "higher")])
+
+
+def test_a_planned_method_without_a_finished_run_is_not_tested_yet():
+    table = {
+        "paired": {"held_out": {"tepo": {"n": 0}}},
+        "rows": [{"method": "grpo", "per_seed": {}}, {"method": "tepo", "per_seed": {}}],
+        "missing_runs": ["tepo_v2/seed0", "tepo_v2/seed1"],
+        "convergence": {"reference": "grpo"},
+    }
+    (verdict,) = decide_all(table, [Hypothesis("H2", "c", "held_out", "tepo_v2", "higher")])
+    assert verdict.verdict == "not tested" and verdict.n == 0
+    with pytest.raises(HypothesisError, match="method 'grpo' is not compared"):  # the reference itself
+        decide_all(table, [Hypothesis("H", "c", "held_out", "grpo", "higher")])
 
 
 def test_the_study_of_this_repository_registers_its_plans_four_hypotheses():

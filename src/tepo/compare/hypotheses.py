@@ -129,15 +129,19 @@ def decide_all(table: dict, hypotheses: list[Hypothesis], alpha: float = ALPHA) 
     """Every hypothesis decided from ``table`` (:func:`tepo.compare.table.build_table`'s dict); a hypothesis whose
     measure or method the table lacks is refused, naming what the table has."""
     paired = table.get("paired", {})
+    reference = table.get("convergence", {}).get("reference")
+    # A planned method none of whose runs has finished yet is in the table only as missing runs: "not tested".
+    planned = {r["method"] for r in table.get("rows", [])} | {
+        m.split("/")[0] for m in table.get("missing_runs", [])
+    }
     for h in hypotheses:
         if h.measure not in paired:
             raise HypothesisError(
                 f"{h.id}: measure {h.measure!r} is not paired in this table ({', '.join(paired)})"
             )
-        if h.method not in paired[h.measure]:
-            methods = ", ".join(paired[h.measure]) or "none"
+        if h.method not in paired[h.measure] and (h.method not in planned or h.method == reference):
+            methods = ", ".join(sorted(planned - {reference})) or "none"
             raise HypothesisError(f"{h.id}: method {h.method!r} is not compared in this table ({methods})")
-    reference = table.get("convergence", {}).get("reference")
     reference_row = next((r for r in table.get("rows", []) if r["method"] == reference), None)
     return [
         decide(h, paired[h.measure], _reference_values(reference_row, h.measure), alpha) for h in hypotheses
@@ -156,7 +160,7 @@ def decide(
 ) -> Verdict:
     """``h`` decided from its measure's paired cells (``family``: every method compared with the reference on that
     measure; ``family[h.method]`` is its cell) and the reference's per-seed values."""
-    cell = family[h.method]
+    cell = family.get(h.method, {})  # absent: a planned method with no finished run yet
     n = int(cell.get("n") or 0)
     if n == 0:
         return Verdict(h, "not tested", "no seed pairs the method with the reference on this measure", 0)
