@@ -98,3 +98,16 @@ def test_every_main_run_was_committed_after_the_plan():
             == 0
         ), f"{method} seed {seed} was committed before PLAN.md"
         assert added[-1] != plan[0], f"{method} seed {seed} was committed with PLAN.md"
+
+
+def test_the_registered_hypotheses_are_decidable_on_the_committed_runs():
+    """hypotheses.yaml names measures and methods the study's table has (a method with no finished run yet is
+    "not tested"); the verdicts themselves are not looked at here."""
+    from tepo.compare.hypotheses import decide_all, read_hypotheses
+    from tepo.compare.table import build_table
+
+    runs = {method: {seed: MAIN / method / f"seed{seed}" for seed in range(10)} for method in METHODS}
+    hypotheses, alpha = read_hypotheses(STUDY / "hypotheses.yaml")
+    verdicts = decide_all(build_table(runs), hypotheses, alpha)
+    assert [v.hypothesis.id for v in verdicts] == ["H1", "H2", "H3", "H4"]
+    assert {v.verdict for v in verdicts} <= {"supported", "contradicted", "undecided", "not tested"}
