@@ -47,7 +47,10 @@ def test_some_main_runs_are_committed():
 def test_a_main_run_has_the_plans_settings(method, seed, run):
     config = yaml.safe_load((run / "config.yaml").read_text())
     assert {key: config[a][b] for (a, b), key in zip(PLANNED, PLANNED)} == PLANNED
-    assert config["algorithm"]["loss"] == method and config["train"]["seed"] == seed
+    # A method is a preset: its loss is what the plan recorded for it (tepo_v2_kl_mask is the tepo loss + options).
+    changes = json.loads((MAIN / "comparison.json").read_text())["method_changes"][method]
+    assert config["algorithm"]["loss"] == changes["algorithm.loss"] and config["train"]["seed"] == seed
+    assert config["algorithm"]["loss_options"] == changes["algorithm.loss_options"]
     assert json.loads((run / "summary.json").read_text())["steps"] == 20  # finished, not cut short
 
 
