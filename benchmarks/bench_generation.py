@@ -7,18 +7,27 @@ Each candidate is vLLM's CPU engine as tepo's server builds it (``tepo.rollout.v
 no chunked prefill, ``processed_logprobs``, bf16 where ``auto`` picks it, 0.25 GiB KV cache), started in a fresh
 process of the vLLM interpreter (``.venv-vllm``), with one setting changed:
 
-- ``today``: the default's requests: 4 prompts x 8 seeded samples, the sampled tokens' log-probs;
+- ``today``: the engine as it was when issue #54 was filed (eager, vLLM's CPU block size of 128), with the
+  default's requests: 4 prompts x 8 seeded samples, the sampled tokens' log-probs;
 - ``no_logprobs``: no log-probs returned (the sampler's log-softmax over the vocabulary is then skipped);
 - ``unseeded``: no per-request generator (one engine-wide one);
 - ``compiled``: ``enforce_eager=False``, vLLM's inductor-compiled CPU graph, from an empty compile cache (start-up
   includes the whole compile);
 - ``compiled_warm``: the same from a compile cache that an untimed compiled start filled at the beginning of this
   run (what every engine start after a machine's first pays; see ``tepo.rollout.vllm_launch.compile_env``);
-- ``rows64``: 8 prompts x 8 samples, twice the default's rows in one batch.
+- ``rows64``: 8 prompts x 8 samples, twice the default's rows in one batch;
+- ``block32``: KV-cache blocks of 32 tokens instead of the CPU platform's 128 (32 is the smallest its attention
+  kernel takes: 16 fails with "No common block size"). vLLM's prefix cache shares only whole blocks, so at 128 the
+  8 samples of a 50-60-token prompt share nothing and the prefill runs all 32 rows whole; at 32 each prompt's
+  first 32 tokens are computed once for its 8 samples (tepo's engine default since, ``CPU_BLOCK_SIZE`` in
+  ``tepo.rollout.vllm_launch``);
+- ``block32_compiled_warm``: both, the compiled engine from the warm cache with 32-token blocks.
 
 Every response is exactly ``--new-tokens`` long (``min_tokens``), so each candidate does the same work. Measured:
-start-up seconds, and the decode step's milliseconds from the difference of a long and a short generate (the
-prefill and the per-call costs cancel), with tokens per second over the long generate. The **floor** beside them:
+start-up seconds; the prefill's milliseconds (a 1-token generate); the decode step's milliseconds from the
+difference of a long and a short generate (the prefill and the per-call costs cancel); tokens per second over the
+long generate. The prefix cache is emptied before every timed call, as a weight sync empties it before every
+training step's generate, so no call reuses an earlier call's prompts. The **floor** beside them:
 the milliseconds of the model's matmuls alone for one decode step at 32 rows (the layer projections and the
 vocabulary head, bf16, through the same oneDNN kernels, weights prepacked as the engine holds them), measured in
 the same run. Ratios are against ``today``; the load average is printed with every line.
@@ -35,7 +44,16 @@ import tempfile
 import time
 from pathlib import Path
 
-CANDIDATES = ("today", "no_logprobs", "unseeded", "compiled", "compiled_warm", "rows64")
+CANDIDATES = (
+    "today",
+    "no_logprobs",
+    "unseeded",
+    "compiled",
+    "compiled_warm",
+    "rows64",
+    "block32",
+    "block32_compiled_warm",
+)
 QUESTIONS = [
     f"What is {a} + {b} * 3? Give the final answer as a number."
     for a, b in ((37, 48), (123, 456), (19, 7), (88, 91), (5, 64), (71, 12), (240, 3), (9, 99))
@@ -56,12 +74,13 @@ def engine_worker(args) -> dict:
         dtype=args.dtype,
         max_model_len=4096,
         seed=0,
-        enforce_eager=not name.startswith("compiled"),
+        enforce_eager="compiled" not in name,
         skip_tokenizer_init=True,
         logprobs_mode="processed_logprobs",
         kv_cache_memory_bytes=int(0.25 * 2**30),
         enable_chunked_prefill=False,
         max_num_batched_tokens=4096,
+        **({"block_size": 32} if "block32" in name else {}),
     )
     startup = time.perf_counter() - start
     batch = prompts[: 8 if name == "rows64" else 4]
@@ -81,15 +100,18 @@ def engine_worker(args) -> dict:
             )
             for i in range(len(batch))
         ]
+        llm.reset_prefix_cache()  # as after a weight sync: this call's prompts are new to the engine
         t = time.perf_counter()
         out = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
         return time.perf_counter() - t, sum(len(c.token_ids) for o in out for c in o.outputs)
 
     generate(8)  # warm-up
+    prefill, _ = generate(1)
     short, _ = generate(8)
     long, produced = generate(tokens + 8)
     return {
         "startup_s": startup,
+        "prefill_ms": 1000 * prefill,
         "decode_ms": 1000 * (long - short) / tokens,
         "tokens_per_s": produced / long,
         "rows": 8 * len(batch),
@@ -205,12 +227,19 @@ def main(argv=None) -> None:
     floors = []
     caches = tempfile.TemporaryDirectory(prefix="bench-generation-cache-")
     warm_cache = os.path.join(caches.name, "warm")
-    if "compiled_warm" in names:  # fill the warm cache, untimed
-        run_in_vllm(python, ["--candidate", "compiled_warm", *common, "--new-tokens", "8"], cores, warm_cache)
+    for name in [
+        n for n in names if n.endswith("compiled_warm")
+    ]:  # fill the warm cache, untimed (each engine
+        # configuration: vLLM keys its compile cache by a hash of the engine's settings)
+        run_in_vllm(python, ["--candidate", name, *common, "--new-tokens", "8"], cores, warm_cache)
     for round_index in range(args.rounds):
         floors.append(run_in_vllm(python, ["--floor", *common], cores)["floor_ms"])
         for name in names if round_index % 2 == 0 else names[::-1]:
-            cache = {"compiled": os.path.join(caches.name, f"cold{round_index}"), "compiled_warm": warm_cache}
+            cache = {
+                "compiled": os.path.join(caches.name, f"cold{round_index}"),
+                "compiled_warm": warm_cache,
+                "block32_compiled_warm": warm_cache,
+            }
             result = run_in_vllm(python, ["--candidate", name, *common], cores, cache.get(name))
             results[name].append(result)
             print(
@@ -218,17 +247,19 @@ def main(argv=None) -> None:
                 flush=True,
             )
     floor = statistics.median(floors)
-    base = statistics.median(r["decode_ms"] for r in results.get("today", results[names[0]]))
+    base_runs = results.get("today", results[names[0]])
+    base = statistics.median(r["decode_ms"] for r in base_runs)
+    base_rate = statistics.median(r["tokens_per_s"] for r in base_runs)
     print(f"\nfloor: {floor:.1f} ms of matmuls per decode step at 32 rows (oneDNN, prepacked bf16 weights)")
     print(
-        "| candidate | rows | start-up s | decode ms/step | tokens/s | decode vs today | ms/step per 32 rows / floor |"
+        "| candidate | rows | start-up s | prefill ms | decode ms/step | tokens/s | tokens/s vs today | decode vs today | ms/step per 32 rows / floor |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         per32 = med["decode_ms"] * 32 / med["rows"]
         print(
-            f"| {name} | {med['rows']:.0f} | {med['startup_s']:.1f} | {med['decode_ms']:.1f} | {med['tokens_per_s']:.0f} | {base / med['decode_ms']:.2f}x | {per32 / floor:.2f} |"
+            f"| {name} | {med['rows']:.0f} | {med['startup_s']:.1f} | {med['prefill_ms']:.0f} | {med['decode_ms']:.1f} | {med['tokens_per_s']:.0f} | {med['tokens_per_s'] / base_rate:.2f}x | {base / med['decode_ms']:.2f}x | {per32 / floor:.2f} |"
         )
 
 

@@ -92,14 +92,15 @@ def test_old_keys_in_a_yaml_file_land_in_their_new_places_with_one_line_for_the_
 
 def _write_flat_config(config: RunConfig, path: Path, values: dict | None = None) -> None:
     """``config`` as save_config wrote it before the move: every rollout key flat (``values`` replace some); keys
-    born after the move (rollout.parity.every, rollout.vllm.compile) are left out, as such a file would not have them."""
+    born after the move (rollout.parity.every, rollout.vllm.compile,
+    rollout.vllm.block_size) are left out, as such a file would not have them."""
     data = config.to_dict()
     rollout = data["rollout"]
     for old, (section, key) in ROLLOUT_FLAT_KEYS.items():
         rollout[old] = rollout[section].pop(key)
         if values and old in values:
             rollout[old] = values[old]
-    born_later = {"parity": {"every"}, "vllm": {"compile"}}
+    born_later = {"parity": {"every"}, "vllm": {"compile", "block_size"}}
     for section in ("hf", "vllm", "parity"):
         assert set(rollout.pop(section)) == born_later.get(section, set())
     data["optim"]["betas"] = list(data["optim"]["betas"])

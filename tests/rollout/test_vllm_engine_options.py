@@ -7,6 +7,8 @@ there left about 9,000 tokens of cache for Qwen2.5-1.5B and made the start banne
 
 from __future__ import annotations
 
+import pytest
+
 from tepo.rollout import vllm_server
 from tepo.rollout.vllm import engine_memory_options
 
@@ -17,15 +19,35 @@ def _parsed(options: dict):
     return vllm_server.parser().parse_args(argv)
 
 
-def test_cpu_keeps_the_kv_budget_and_eager_mode():
+def test_cpu_keeps_the_kv_budget_eager_mode_and_32_token_blocks():
     options = engine_memory_options("cpu", kv_cache_gb=0.25, gpu_memory_utilization=0.3)
-    assert options == {"--enforce-eager": 1, "--kv-cache-bytes": 2**28}
+    assert options == {"--enforce-eager": 1, "--kv-cache-bytes": 2**28, "--block-size": 32}
     args = _parsed(options)
-    assert args.enforce_eager == 1 and args.kv_cache_bytes == 2**28
+    assert args.enforce_eager == 1 and args.kv_cache_bytes == 2**28 and args.block_size == 32
     # None: vLLM sizes it; eager either way
     assert engine_memory_options("cpu", kv_cache_gb=None, gpu_memory_utilization=0.3) == {
-        "--enforce-eager": 1
+        "--enforce-eager": 1,
+        "--block-size": 32,
     }
+
+
+def test_the_block_size_is_the_users_where_given_and_vllms_on_cuda_otherwise():
+    cpu = engine_memory_options("cpu", kv_cache_gb=0.25, gpu_memory_utilization=0.3, block_size=64)
+    assert cpu["--block-size"] == 64 and _parsed(cpu).block_size == 64
+    assert "--block-size" not in engine_memory_options("cuda", kv_cache_gb=None, gpu_memory_utilization=0.3)
+    cuda = engine_memory_options("cuda", kv_cache_gb=None, gpu_memory_utilization=0.3, block_size=16)
+    assert cuda["--block-size"] == 16
+    assert _parsed({}).block_size is None  # the server alone leaves it to vLLM
+
+
+def test_rollout_vllm_block_size_is_a_checked_config_key():
+    from tepo.config import ConfigError, load_config
+
+    assert load_config("default", []).rollout.vllm.block_size is None
+    assert load_config("default", ["rollout.vllm.block_size=64"]).rollout.vllm.block_size == 64
+    for bad in ("0", "-32", "true"):
+        with pytest.raises(ConfigError, match=r"rollout\.vllm\.block_size"):
+            load_config("default", [f"rollout.vllm.block_size={bad}"])
 
 
 def test_cuda_sizes_the_cache_from_the_utilization_and_keeps_cuda_graphs():
@@ -42,7 +64,7 @@ def test_the_server_defaults_to_eager_when_not_told():
 
 def test_cpu_compiles_only_when_asked_and_cuda_is_unchanged_by_it():
     options = engine_memory_options("cpu", kv_cache_gb=0.25, gpu_memory_utilization=0.3, compile_cpu=True)
-    assert options == {"--enforce-eager": 0, "--kv-cache-bytes": 2**28}
+    assert options == {"--enforce-eager": 0, "--kv-cache-bytes": 2**28, "--block-size": 32}
     assert _parsed(options).enforce_eager == 0
     cuda = engine_memory_options("cuda", kv_cache_gb=0.25, gpu_memory_utilization=0.3, compile_cpu=True)
     assert cuda == engine_memory_options("cuda", kv_cache_gb=0.25, gpu_memory_utilization=0.3)

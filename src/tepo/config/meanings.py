@@ -42,6 +42,7 @@ MEANINGS: dict[str, str] = {
     "rollout.vllm.kv_cache_gb": "vllm backend on the CPU: KV-cache budget in GiB; null: vLLM sizes it",
     "rollout.vllm.gpu_memory_utilization": "vllm backend on CUDA: share of the GPU's memory the engine may take",
     "rollout.vllm.max_model_len": "vllm backend: prompt + response tokens accepted; null: min(model's, 4096)",
+    "rollout.vllm.block_size": "vllm backend: tokens per KV-cache block (prefix sharing is by whole blocks); null: 32 on CPU, vLLM's on CUDA",
     "rollout.vllm.compile": "vllm backend on the CPU: compiled engine (faster decode, 15-85 s longer start-up)",
     "rollout.parity.check": "after weight syncs, check that the engine samples the weights it was sent",
     "rollout.parity.every": "check the first two syncs, then every N-th (1: every sync)",

@@ -73,7 +73,8 @@ class VLLMRollout:
     its own (for rollouts overlapped with the update); ``trainer_cores`` then lists the cores left to the trainer.
     ``gpu_memory_utilization``: with the model on a CUDA device, the engine runs on that GPU and may take this share
     of its memory (vLLM's own setting; not passed on the CPU). ``compile_cpu``: on the CPU, run vLLM's compiled
-    model instead of eager (``rollout.vllm.compile``; its cache in :func:`compile_cache_dir`).
+    model instead of eager (``rollout.vllm.compile``; its cache in :func:`compile_cache_dir`). ``block_size``:
+    tokens per KV-cache block (``rollout.vllm.block_size``; None: :func:`engine_memory_options` decides).
     Call :meth:`close` (or use ``with``) to stop the server; it is also stopped at interpreter exit.
     """
 
@@ -95,6 +96,7 @@ class VLLMRollout:
         gpu_memory_utilization: float = 0.3,
         chunked_prefill: str = "auto",
         compile_cpu: bool = False,
+        block_size: int | None = None,
         parity_guard: ParityGuard | None = None,
         log=print,
     ):
@@ -114,6 +116,7 @@ class VLLMRollout:
         self.trainer_cores = trainer_cores(own_core)
         self.request_timeout_s = float(request_timeout_s)
         self.last_sync_seconds = 0.0
+        self.last_prefix_cached_tokens = 0  # of the last generate (vllm_server._generate)
         self.sync_count = 0
         # Benchmarks only (bench_vs_trl.py --fixed-length): the engine may not stop before this many tokens, so
         # every response has exactly max_new_tokens. Such samples are not the policy's; training never sets it.
@@ -152,6 +155,7 @@ class VLLMRollout:
                 kv_cache_gb=kv_cache_gb,
                 gpu_memory_utilization=gpu_memory_utilization,
                 compile_cpu=compile_cpu,
+                block_size=block_size,
             ),
         }
         self._start(python, options, device, own_core)
@@ -189,6 +193,7 @@ class VLLMRollout:
             k: ready.get(k) for k in ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill")
         }
         self.compilation = ready.get("compilation")  # vLLM's mode: NONE when eager
+        self.block_size = ready.get("block_size")  # tokens per KV-cache block, as the engine took it
 
     # ---- the registry's hooks (tepo.rollout.registry) ---------------------------------------------------------
 
@@ -227,6 +232,7 @@ class VLLMRollout:
             own_core=bool(getattr(rollout_config, "async_steps", 0)),  # overlapped with the update
             gpu_memory_utilization=engine.gpu_memory_utilization,
             compile_cpu=engine.compile,
+            block_size=engine.block_size,
             parity_guard=guard,
             log=log,
         )
@@ -252,6 +258,13 @@ class VLLMRollout:
         if not 0 < v.gpu_memory_utilization < 1:
             errors.append(
                 f"rollout.vllm.gpu_memory_utilization: must be in (0, 1), got {v.gpu_memory_utilization}"
+            )
+        if v.block_size is not None and (
+            isinstance(v.block_size, bool) or not isinstance(v.block_size, int) or v.block_size < 1
+        ):
+            errors.append(
+                f"rollout.vllm.block_size: expected a positive int (a multiple of 32 on the CPU) or null, "
+                f"got {v.block_size!r}"
             )
         if v.max_model_len is not None and v.max_model_len < 1:
             errors.append(f"rollout.vllm.max_model_len: must be >= 1, got {v.max_model_len}")
@@ -304,6 +317,7 @@ class VLLMRollout:
             )
         except VLLMServerError as err:
             raise err.add_context(describe_request(prompt_ids, num_samples, max_new_tokens)) from None
+        self.last_prefix_cached_tokens = int(reply.get("prefix_cached_tokens", 0))
         responses, logps = [], []
         for samples in reply["outputs"]:
             if len(samples) != num_samples:

@@ -105,26 +105,43 @@ def compile_env(cache_dir: str) -> dict[str, str]:
     }
 
 
+# Tokens per KV-cache block of the CPU engine: the smallest its attention kernel takes (16 fails with "No common
+# block size ... MultipleOf(32)"). vLLM's CPU platform would pick 128, and its prefix cache shares whole blocks
+# only, so a group's 8 samples of a 50-60-token prompt would share nothing. At 32 the first 32 tokens of each
+# prompt are computed once per group: the default's prefill 1.40 s -> 0.57 s, decode 67.6 -> 64.6 ms a step
+# (benchmarks/bench_generation.py, candidate block32; docs/performance.md).
+CPU_BLOCK_SIZE = 32
+
+
 def engine_memory_options(
-    device_type: str, *, kv_cache_gb: float | None, gpu_memory_utilization: float, compile_cpu: bool = False
+    device_type: str,
+    *,
+    kv_cache_gb: float | None,
+    gpu_memory_utilization: float,
+    compile_cpu: bool = False,
+    block_size: int | None = None,
 ) -> dict[str, object]:
     """The server's memory and execution arguments for an engine on ``device_type``.
 
     CPU: the KV cache is ``kv_cache_gb`` (vLLM's CPU default would be a share of the host's RAM) and the engine
     runs eagerly unless ``compile_cpu`` (``rollout.vllm.compile``): eager starts in about 3 s, compiled in 75-85 s
     the first time on a machine and 15-18 s from the compile cache (:func:`compile_env`), and then decodes
-    1.2-1.4x faster.
+    1.2-1.4x faster. KV-cache blocks are ``block_size`` tokens, :data:`CPU_BLOCK_SIZE` unless given.
 
     CUDA: the KV cache is whatever ``gpu_memory_utilization`` leaves after the weights and activations, as the
     start banner (:func:`tepo.device.gpu_share_note`) says. ``kv_cache_gb`` is *not* passed: vLLM's
     ``kv_cache_memory_bytes`` overrides the utilization, and the CPU-sized 0.25 GB default would hold about 9,000
     tokens for Qwen2.5-1.5B, a few rows of long responses, so throughput would collapse. CUDA graphs stay on
     (``--enforce-eager 0``): decoding at small batch is launch-bound without them, and their capture (tens of
-    seconds) is paid once per server.
+    seconds) is paid once per server. KV-cache blocks are vLLM's default size unless ``block_size`` is given.
     """
     if device_type == "cuda":
-        return {"--gpu-memory-utilization": float(gpu_memory_utilization), "--enforce-eager": 0}
-    options: dict[str, object] = {"--enforce-eager": 0 if compile_cpu else 1}
+        options = {"--gpu-memory-utilization": float(gpu_memory_utilization), "--enforce-eager": 0}
+        return options | ({"--block-size": int(block_size)} if block_size is not None else {})
+    options: dict[str, object] = {
+        "--enforce-eager": 0 if compile_cpu else 1,
+        "--block-size": int(block_size if block_size is not None else CPU_BLOCK_SIZE),
+    }
     if kv_cache_gb is not None:  # else vLLM sizes it
         options["--kv-cache-bytes"] = int(kv_cache_gb * 2**30)
     return options

@@ -8,11 +8,11 @@ Protocol: one JSON object per line on ``--in-fd``, one JSON reply per line on ``
 left to vLLM's own logging). Only token ids, numbers and a folder path cross the pipe: no pickle, no code.
 
 - on start-up, once the engine is built: ``{"ok": true, "ready": true, "vllm": version, "seconds": s, ...}`` with
-  the engine's batch limits and its compilation mode
+  the engine's batch limits, its compilation mode and its KV-cache block size
 - ``{"cmd": "generate", "prompts": [[id, ...], ...], "n": G, "max_tokens": T, "temperature": t, "top_p": p,
   "greedy": bool, "seed": s | null, "logprobs": bool, "stop_token_ids": [...], "min_tokens": k (optional, 0)}`` ->
   ``{"ok": true, "outputs": [[{"token_ids": [...], "logprobs": [...] | null, "finish_reason": str}, ...G], ...],
-  "seconds": s}``
+  "seconds": s, "prefix_cached_tokens": k}``
 - ``{"cmd": "reload", "path": folder}`` (a folder with ``model.safetensors``): the engine's weights are
   replaced in place from it (``reload_weights``; no restart) -> ``{"ok": true, "seconds": s}``
 - ``{"cmd": "score", "sequences": [[id, ...], ...], "starts": [k, ...]}`` -> ``{"ok": true, "logprobs":
@@ -122,7 +122,15 @@ def _generate(llm, request: dict) -> dict:
                 }
             )
         outputs.append(samples)
-    return {"ok": True, "outputs": outputs, "seconds": time.perf_counter() - start}
+    return {
+        "ok": True,
+        "outputs": outputs,
+        "seconds": time.perf_counter() - start,
+        # Prompt tokens served from the prefix cache, as vLLM counts them per prompt (for a prompt sampled n
+        # times: one sample's hit). A weight sync empties the cache, so after one these are a call's own
+        # shared prefixes (tepo.rollout.vllm_launch.CPU_BLOCK_SIZE).
+        "prefix_cached_tokens": sum(int(result.num_cached_tokens or 0) for result in results),
+    }
 
 
 def _score(llm, request: dict) -> dict:
@@ -173,6 +181,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--kv-cache-bytes", type=int, default=None, help="KV-cache budget (default: vLLM's)")
     parser.add_argument(
         "--enforce-eager", type=int, choices=(0, 1), default=1, help="1: no CUDA graphs / compile (CPU)"
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens per KV-cache block (default: vLLM's for the device)",
     )
     parser.add_argument(
         "--chunked-prefill", choices=("auto", "on", "off"), default="auto", help="see _whole_prefill_settings"
@@ -234,6 +248,8 @@ def _serve(args) -> int:
             logprobs_mode="processed_logprobs",
             gpu_memory_utilization=args.gpu_memory_utilization,
             kv_cache_memory_bytes=args.kv_cache_bytes,
+            # Prefix sharing is by whole blocks (tepo.rollout.vllm_launch.CPU_BLOCK_SIZE says why it matters).
+            **({"block_size": int(args.block_size)} if args.block_size is not None else {}),
         )
     except Exception:
         reply({"ok": False, "error": traceback.format_exc()})
@@ -251,6 +267,7 @@ def _serve(args) -> int:
             "chunked_prefill": bool(scheduler.enable_chunked_prefill),
             # What vLLM made of --enforce-eager on this device (e.g. NONE, DYNAMO_TRACE_ONCE on the CPU).
             "compilation": getattr(llm.llm_engine.vllm_config.compilation_config.mode, "name", None),
+            "block_size": int(llm.llm_engine.vllm_config.cache_config.block_size),
         }
     )
 
