@@ -3,13 +3,22 @@ built by the table's own code (tepo.compare.paired), the file's errors, and the 
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tepo.compare.hypotheses import Hypothesis, HypothesisError, decide, decide_all, read_hypotheses
+from tepo.compare.hypotheses import (
+    Hypothesis,
+    HypothesisError,
+    decide,
+    decide_all,
+    read_hypotheses,
+    render_verdicts,
+)
 from tepo.compare.paired import add_holm, paired_cell
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
@@ -199,3 +208,41 @@ def test_tepo_compare_decides_hypotheses_on_a_committed_study(tmp_path, capsys):
     bad = _write(tmp_path, {"hypotheses": [{**GOOD, "method": "sapo_x"}]})
     code, _, err = _compare_table_only(study, bad, capsys)
     assert code == 2 and "method 'sapo_x' is not compared in this table" in err
+
+
+def test_a_held_out_verdict_carries_the_problem_level_view_and_other_measures_do_not():
+    view = {"seeds": [0, 1], "problems": 3, "only_method": 2, "only_reference": 1, "both": 2, "neither": 1}
+    view |= {"mean": 1 / 6, "low": -0.25, "high": 0.5, "interval": "two-way bootstrap"}
+    table = {
+        "paired": {"held_out": _family(tepo=CLEARLY_UP), "grad_norm_cv": _family(tepo=NOISE)},
+        "rows": [{"method": "grpo", "per_seed": {}}, {"method": "tepo", "per_seed": {}}],
+        "convergence": {"reference": "grpo"},
+        "problem_level": {"tepo": view},
+    }
+    h1 = Hypothesis("H1", "c", "held_out", "tepo", "higher")
+    h3 = Hypothesis("H3", "c", "grad_norm_cv", "tepo", "lower")
+    first, third = decide_all(table, [h1, h3])
+    assert first.verdict == "supported" and first.problems == view  # beside the verdict, not part of its rule
+    assert third.problems is None
+    text = render_verdicts([first, third], "grpo")
+    assert (
+        "- H1: tepo against grpo on 3 problems x 2 seeds (6 pairs): only tepo solved 2, only grpo 1" in text
+    )
+    assert "+0.167 [-0.250, +0.500]" in text and "H3: tepo against" not in text
+
+
+def test_the_cli_puts_the_problem_level_view_of_real_records_beside_the_verdict(tmp_path, capsys):
+    """The pilot's 8-update setting (one seed, per-problem records of 100 held-out problems per run)."""
+    study = tmp_path / "u8"
+    shutil.copytree(RESULTS / "tepo-decided" / "pilot" / "u8", study)
+    path = _write(tmp_path, {"hypotheses": [{**GOOD, "id": "H1", "measure": "held_out", "method": "tepo"}]})
+    code, out, err = _compare_table_only(study, path, capsys)
+    assert code == 0, err
+    verdicts = (study / "verdicts.md").read_text()
+    assert verdicts in out
+    line = next(x for x in verdicts.splitlines() if x.startswith("- H1: tepo against grpo"))
+    assert "on 100 problems x 1 seeds (100 pairs)" in line
+    counts = [int(n) for n in re.findall(r"(?:solved|grpo|both|neither) (\d+)", line)]
+    assert len(counts) == 4 and sum(counts) == 100  # every (seed, problem) pair counted once
+    saved = json.loads((study / "verdicts.json").read_text())["verdicts"][0]["problems"]
+    assert saved["problems"] == 100 and saved["only_method"] == counts[0]

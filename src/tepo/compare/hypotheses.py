@@ -32,17 +32,23 @@ that measure, :mod:`tepo.compare.paired`):
 An undecided verdict carries the smallest difference the study could have detected: the paired t-test's at 80%
 power, at the level Holm gives the smallest of the family's p-values (alpha / number of methods compared), at the
 spread the seeds measured (:func:`tepo.compare.power.detectable_paired_difference`).
+
+A hypothesis on final held-out accuracy (``held_out``) also carries the table's problem-level view of its method
+against the reference (:mod:`tepo.compare.problems`: the (seed, problem) pairs only one of them solved, and the
+mean difference with an interval that resamples seeds and problems). It is shown beside the verdict, not used by
+the rule: the plan's test is over seeds.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from tepo.compare.paired import ALPHA, PAIRED_LABELS
 from tepo.compare.power import DEFAULT_POWER, detectable_paired_difference
 
 DIRECTIONS = ("higher", "lower")
+PROBLEM_LEVEL_MEASURE = "held_out"  # the measure the per-problem records (held_out/after.jsonl) break down
 _FIELDS = {"id", "claim", "measure", "method", "expect", "relative_change"}
 
 
@@ -75,6 +81,7 @@ class Verdict:
     p_holm: float | None = None
     claimed: float | None = None  # d* for a hypothesis with relative_change
     detectable: float | None = None  # for an undecided verdict
+    problems: dict | None = None  # the problem-level view (held_out hypotheses with per-problem records)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -143,8 +150,13 @@ def decide_all(table: dict, hypotheses: list[Hypothesis], alpha: float = ALPHA) 
             methods = ", ".join(sorted(planned - {reference})) or "none"
             raise HypothesisError(f"{h.id}: method {h.method!r} is not compared in this table ({methods})")
     reference_row = next((r for r in table.get("rows", []) if r["method"] == reference), None)
+    views = table.get("problem_level", {})
     return [
-        decide(h, paired[h.measure], _reference_values(reference_row, h.measure), alpha) for h in hypotheses
+        replace(
+            decide(h, paired[h.measure], _reference_values(reference_row, h.measure), alpha),
+            problems=views.get(h.method) if h.measure == PROBLEM_LEVEL_MEASURE else None,
+        )
+        for h in hypotheses
     ]
 
 
@@ -250,4 +262,20 @@ def render_verdicts(verdicts: list[Verdict], reference: str | None) -> str:
             f"| {v.n} | {interval} | {num(v.p)} | {num(v.p_t)} | {num(v.p_holm)} | **{v.verdict}** | {v.reason} "
             f"| {num(v.detectable)} |"
         )
+    views = [v for v in verdicts if v.problems]
+    if views:
+        lines += ["", "Problem by problem (shown beside the verdict, not used by its rule):", ""]
+        lines += [_problem_line(v, reference) for v in views]
     return "\n".join(lines) + "\n"
+
+
+def _problem_line(v: Verdict, reference: str | None) -> str:
+    view, method = v.problems, v.hypothesis.method
+    pairs = len(view["seeds"]) * view["problems"]
+    return (
+        f"- {v.hypothesis.id}: {method} against {reference or 'the reference'} on {view['problems']} problems x "
+        f"{len(view['seeds'])} seeds ({pairs} pairs): only {method} solved {view['only_method']}, only "
+        f"{reference or 'the reference'} {view['only_reference']}, both {view['both']}, neither {view['neither']}; "
+        f"mean difference {view['mean']:+.3f} [{view['low']:+.3f}, {view['high']:+.3f}] (95%, resampling seeds "
+        "and problems)"
+    )
