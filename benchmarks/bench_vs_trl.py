@@ -93,6 +93,11 @@ OUR_VARIANTS = {
     "ours_async": ["rollout.backend=vllm", "rollout.async_steps=1"],
     # Before issue #54: the parity guard checked every weight sync (now the first two, then every 8th).
     "ours_parity_every_sync": ["rollout.backend=vllm", "rollout.parity.every=1"],
+    # Before the 32-token KV-cache blocks (2026-12-07): vLLM's CPU default of 128, where a group's samples share no
+    # prefill; with the guard's schedule of today, so the difference to "ours" is the block size alone.
+    "ours_block128": ["rollout.backend=vllm", "rollout.vllm.block_size=128"],
+    # The engine as issue #54 found it: every sync checked and blocks of 128.
+    "ours_issue54_engine": ["rollout.backend=vllm", "rollout.parity.every=1", "rollout.vllm.block_size=128"],
     "ours_hf": ["rollout.backend=hf"],
     "ours_fp32_rollout": ["rollout.backend=hf", "rollout.autocast_bf16=false"],
     "ours_foreach_adamw": ["optim.fused=false"],
