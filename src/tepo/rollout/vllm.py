@@ -139,27 +139,31 @@ class VLLMRollout:
         )
         self._log_path = Path(log_path) if log_path else self._temporary_log
         device = next(model.parameters()).device
-        options = {
+        memory = engine_memory_options(
+            device.type,
+            kv_cache_gb=kv_cache_gb,
+            gpu_memory_utilization=gpu_memory_utilization,
+            compile_cpu=compile_cpu,
+            block_size=block_size,
+        )
+        options = self._server_options(dtype, int(seed), chunked_prefill) | memory
+        self._start(python, options, device, own_core)
+        self._await_ready(startup_timeout_s)
+
+    def _server_options(self, dtype: str, seed: int, chunked_prefill: str) -> dict[str, object]:
+        """The server's command line (vllm_server.parser), but for the device's memory and execution options."""
+        return {
             "--model": self._weights_dir,
             "--dtype": dtype,
             "--max-model-len": self.max_model_len,
-            "--seed": int(seed),
+            "--seed": seed,
             # The server removes the weights folder when it exits, also when this process was SIGKILLed and
             # could not: a leaked folder holds the model's size in /dev/shm, i.e. in RAM.
             "--remove-model-dir-at-exit": 1,
             # "auto": off on CPU, where a seeded request split over engine steps crashes vLLM 0.32
             # (vllm_server._whole_prefill_settings); "on" only for unseeded requests (benchmarks).
             "--chunked-prefill": chunked_prefill,
-            **engine_memory_options(
-                device.type,
-                kv_cache_gb=kv_cache_gb,
-                gpu_memory_utilization=gpu_memory_utilization,
-                compile_cpu=compile_cpu,
-                block_size=block_size,
-            ),
         }
-        self._start(python, options, device, own_core)
-        self._await_ready(startup_timeout_s)
 
     def _start(self, python: str, options: dict, device, own_core: bool) -> None:
         """Start the server on its cores (and the trainer's GPU), its log where :meth:`__init__` put it."""
