@@ -92,13 +92,14 @@ def tree_pss_mb(root: int | None = None) -> float:
 
 
 class TreeMemorySampler:
-    """Samples :func:`tree_pss_mb` of this process's tree every ``interval`` s in a thread; ``peak_mb`` is the max."""
+    """Samples :func:`tree_pss_mb` of this process's tree every ``interval`` s in a thread; ``peak_mb`` is the max
+    (nan with ``interval`` 0: not sampled)."""
 
     def __init__(self, interval: float = 0.25):
         import threading
 
         self.interval = interval
-        self.peak_mb = 0.0
+        self.peak_mb = 0.0 if interval > 0 else float("nan")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -108,12 +109,14 @@ class TreeMemorySampler:
             self._stop.wait(self.interval)
 
     def __enter__(self):
-        self._thread.start()
+        if self.interval > 0:
+            self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
 
 def load_average() -> tuple[float, float, float]:

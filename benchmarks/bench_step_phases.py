@@ -2,11 +2,13 @@
 
     .venv/bin/python benchmarks/bench_step_phases.py                      # the default run's first 5 steps
     .venv/bin/python benchmarks/bench_step_phases.py rollout.parity.every=1 --steps 4
+    .venv/bin/python benchmarks/bench_step_phases.py --fixed-length 64 --threads 1   # bench_vs_trl's setting
 
 Runs the default config (plus any overrides) for ``--steps`` steps in this process, with timers wrapped around the
 rollout backend's calls: the whole generation phase (``time/gen_seconds``), the engine's own seconds for each
 command it ran (``generate``, ``reload``, ``score``: the server measures them), the parity guard's check and its
-float32 probe pass in the trainer, and the update. One row per step. Step 1 has no weight sync before it; the
+float32 probe pass in the trainer, and the update; ``gen rest`` is what the generation phase spent outside the
+sync and the engine's generate (the pipe, JSON, building the batch). One row per step. Step 1 has no weight sync before it; the
 first parity check also samples the guard's probe. Nothing is changed in what the step computes.
 """
 
@@ -34,13 +36,31 @@ def timed(owner, name: str, key: str, totals: dict) -> None:
     setattr(owner, name, wrapper)
 
 
+def set_threads_everywhere(threads: int) -> None:
+    """``threads`` torch threads in this process, and the vLLM engine's OpenMP threads bound to as many cores
+    (they never compute at the same time; bench_vs_trl does the same)."""
+    import os
+
+    import torch
+
+    torch.set_num_threads(threads)
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("overrides", nargs="*", help="config overrides, as tepo train takes them")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument(
+        "--fixed-length", type=int, default=0, help="every response exactly this many tokens (bench_vs_trl's mode)"
+    )
+    parser.add_argument("--threads", type=int, default=0, help="torch threads, trainer and engine (0: all cores)")
     args = parser.parse_args(argv)
+    if args.threads:
+        set_threads_everywhere(args.threads)
 
     import tepo.rollout.parity as parity
     import tepo.rollout.vllm as vllm
@@ -66,6 +86,8 @@ def main(argv=None) -> None:
         fixed = [f"train.output_dir={tmp}", "eval.size=0", "train.save_every=0", "train.save_final=false"]
         config = load_config("default", [*fixed, "log.progress=false", *args.overrides])
         trainer = Trainer(config, Path(tmp) / "run", log=lambda *_: None).setup()
+        if args.fixed_length:
+            trainer.rollout.min_new_tokens = args.fixed_length  # as bench_vs_trl's use_fixed_length
         pool = RewardPool(num_workers=config.reward.num_workers, timeout_s=config.reward.timeout_s)
         with pool, trainer.rollout:
             for _ in range(args.steps):
@@ -81,6 +103,9 @@ def main(argv=None) -> None:
                         "generation": row["time/gen_seconds"],
                         "sync": row.get("time/rollout_sync_seconds") or 0.0,
                         **totals,
+                        "gen rest": row["time/gen_seconds"]
+                        - (row.get("time/rollout_sync_seconds") or 0.0)
+                        - totals.get("engine generate", 0.0),
                         "update": row["time/update_seconds"],
                         "step s": seconds,
                     }
@@ -92,6 +117,7 @@ def main(argv=None) -> None:
         "sync",
         "engine reload",
         "engine generate",
+        "gen rest",
         "parity check",
         "parity: trainer fp32 pass",
         "engine score",

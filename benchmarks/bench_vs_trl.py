@@ -8,7 +8,8 @@
 ``--fixed-length`` compares equal work: tepo's engine stops only at ``--new-tokens`` and TRL masks EOS until then
 (``min_new_tokens``), so both sides generate, score and train on the same number of tokens. Besides per step, the
 table gives seconds per 1,000 generated tokens (step, generation, update) and the CPU seconds of the whole process
-tree (the vLLM server and reward workers included), with peak memory.
+tree (the vLLM server and reward workers included), with peak memory: the trainer's RSS always, the whole tree's PSS
+with ``--pss-interval`` (a separate run: sampling it slows the sides it measures).
 
 The workload (issue 8): the embedded model (SmolLM2-135M-Instruct, float32 master weights), procedural arithmetic
 prompts, 4 prompts x 8 samples, 64 new tokens, one optimizer update per rollout, temperature 1 / top-p 1 / top-k
@@ -399,7 +400,7 @@ def worker_main(args) -> None:
     fn = _trl_worker if args.worker in TRL_VARIANTS else _ours_worker
     # The whole process tree (reward workers; the vLLM server and its engine processes), sampled: PSS, so shared
     # library pages count once.
-    with TreeMemorySampler() as tree:
+    with TreeMemorySampler(workload.get("pss_interval", 0.25)) as tree:
         result = fn(args, workload)
     rows = result["rows"][workload["warmup"] :]
     if workload.get("device", "cpu") != "cpu":
@@ -479,7 +480,7 @@ def print_table(summary: dict, baseline: str = "trl") -> None:
         print(f"{label:24s}{cells}{ratios}")
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -507,10 +508,24 @@ def main(argv=None) -> None:
         action="store_true",
         help="every response exactly --new-tokens long on both sides (equal work; tepo's side needs vLLM)",
     )
+    parser.add_argument(
+        "--pss-interval",
+        type=float,
+        default=0.0,
+        help="seconds between samples of the whole process tree's PSS (default 0: not sampled, the column reads "
+        "nan). Sampling reads /proc/PID/smaps_rollup, a walk of each process's page tables (about 35 ms for a "
+        "2 GB process) that holds its memory map's lock: at 0.25 s it made tepo's generation 13%% and its step "
+        "6%% slower (docs/performance.md), so time and tree memory are measured in separate runs",
+    )
     parser.add_argument("--json", help="write the full results here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--workload", help=argparse.SUPPRESS)
     parser.add_argument("--override", action="append", help="extra tepo config override (ours variants only)")
+    return parser
+
+
+def main(argv=None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.worker:
         worker_main(args)
@@ -530,6 +545,7 @@ def main(argv=None) -> None:
         "steps": steps,
         "device": args.device,
         "fixed_length": args.fixed_length,
+        "pss_interval": args.pss_interval,
     }
     machine = machine_precision(args.device)
     workload["bf16"] = machine["bf16"]

@@ -5,6 +5,7 @@ server's CPU time, which the trainer's own clock misses."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,27 @@ def test_fixed_length_refuses_a_backend_without_its_own_engine():
 
     with pytest.raises(SystemExit, match="needs the vllm backend"):
         use_fixed_length(object(), 48)
+
+
+def test_the_tree_memory_sampler_is_off_at_interval_zero_and_samples_otherwise():
+    """bench_vs_trl's timed runs must not walk page tables (--pss-interval 0, the default): that slowed the sides
+    it measured by 6-13% (docs/performance.md). At an interval > 0 it reports a real peak."""
+    import math
+    import threading
+
+    from _common import TreeMemorySampler
+
+    before = threading.active_count()
+    with TreeMemorySampler(0) as off:
+        assert threading.active_count() == before  # no sampling thread at all
+    assert math.isnan(off.peak_mb)
+    with TreeMemorySampler(0.01) as on:
+        time.sleep(0.05)
+    assert on.peak_mb > 10  # this Python process alone holds more than 10 MiB
+
+
+def test_bench_vs_trl_times_without_the_sampler_by_default():
+    from bench_vs_trl import build_parser
+
+    assert build_parser().parse_args([]).pss_interval == 0
+    assert build_parser().parse_args(["--pss-interval", "0.25"]).pss_interval == 0.25
