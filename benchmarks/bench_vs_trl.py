@@ -28,8 +28,11 @@ Micro-batches: 16 sequences on both sides (TRL: per-device batch 16 x 2 accumula
 
 Each side runs in its own subprocess (so peak RSS is its own), alternating A, B, A, B, ...; each subprocess
 runs ``--warmup`` unmeasured steps and then ``--steps`` measured ones. Reported: medians over all measured steps,
-and the ratio tepo/TRL of each. Both sides get the same torch thread count (``--threads``, default 1: on the
-shared, loaded 2-core machine 2 threads were measured 5-7x slower than 1).
+and the ratio tepo/TRL of each. Both sides get the same torch thread count (``--threads``; default every core
+this process may run on, as ``tepo train`` runs; tepo's vLLM server is bound to the same cores). Run it on an idle
+machine: with other work on the cores, spinning OpenMP threads made 2 threads 5-7x slower than 1 (measured
+here), and ``--threads 1`` is then the fair setting (the tables of docs/performance.md before 2026-12-07's
+"default run's threads" section are at 1).
 
 Per-phase times: tepo's own metrics (``gen_seconds``, ``logprob_seconds``, ``update_seconds``,
 ``reward_seconds``, ``step_seconds``); for TRL, timers wrapped around ``_generate_single_turn`` (generation),
@@ -480,6 +483,13 @@ def print_table(summary: dict, baseline: str = "trl") -> None:
         print(f"{label:24s}{cells}{ratios}")
 
 
+def all_cores() -> int:
+    """The cores this process may run on: the default thread count of both sides (tepo train uses them all)."""
+    import os
+
+    return len(os.sched_getaffinity(0))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -489,7 +499,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help="measured steps per run (default 3; quick 2)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured steps at the start of each run")
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads on both sides (0: torch default)"
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads on both sides (default: every core this process may run on, as tepo train; 0: torch's "
+        "own default)",
     )
     parser.add_argument(
         "--variants", default="ours,trl", help=f"comma list of {list(OUR_VARIANTS)} and {list(TRL_VARIANTS)}"
@@ -524,9 +538,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """The command line, with ``--threads`` resolved (every core when not given)."""
+    args = parser.parse_args(argv)
+    if args.threads is None:
+        args.threads = all_cores()
+    return args
+
+
 def main(argv=None) -> None:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if args.worker:
         worker_main(args)
         return

@@ -73,3 +73,12 @@ def test_bench_vs_trl_times_without_the_sampler_by_default():
 
     assert build_parser().parse_args([]).pss_interval == 0
     assert build_parser().parse_args(["--pss-interval", "0.25"]).pss_interval == 0.25
+
+
+def test_bench_vs_trl_runs_both_sides_on_every_core_by_default():
+    import os
+
+    from bench_vs_trl import build_parser, parse_args
+
+    assert parse_args(build_parser(), []).threads == len(os.sched_getaffinity(0))
+    assert parse_args(build_parser(), ["--threads", "1"]).threads == 1
