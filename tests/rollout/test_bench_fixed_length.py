@@ -82,3 +82,24 @@ def test_bench_vs_trl_runs_both_sides_on_every_core_by_default():
 
     assert parse_args(build_parser(), []).threads == len(os.sched_getaffinity(0))
     assert parse_args(build_parser(), ["--threads", "1"]).threads == 1
+
+
+@pytest.mark.slow
+def test_bench_vs_trl_runs_both_sides_on_equal_work_and_reports_their_ratio(tmp_path):
+    """The whole benchmark, TRL's side included (the baseline of every ratio in docs/performance.md), at a toy
+    size: with --fixed-length both sides generate and train on exactly prompts x samples x new-tokens tokens."""
+    import json
+    import subprocess
+
+    vllm_python_or_skip()
+    out = tmp_path / "vs_trl.json"
+    size = ["--prompts", "1", "--samples", "2", "--new-tokens", "8"]
+    command = [sys.executable, str(BENCHMARKS / "bench_vs_trl.py"), "--variants", "ours,trl", "--rounds", "1"]
+    command += ["--warmup", "0", "--steps", "1", "--fixed-length", "--threads", "1", *size, "--json", str(out)]
+    printed = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    assert printed.returncode == 0, printed.stdout[-3000:] + printed.stderr[-3000:]
+    summary = json.loads(out.read_text())["summary"]
+    for side in ("ours", "trl"):
+        assert summary[side]["gen_tokens_median"] == 16, (side, summary[side])
+        assert summary[side]["step_seconds_median"] > summary[side]["update_seconds_median"] > 0
+    assert "ours/trl" in printed.stdout
