@@ -8,7 +8,9 @@ Runs the default config (plus any overrides) for ``--steps`` steps in this proce
 rollout backend's calls: the whole generation phase (``time/gen_seconds``), the engine's own seconds for each
 command it ran (``generate``, ``reload``, ``score``: the server measures them), the parity guard's check and its
 float32 probe pass in the trainer, and the update; ``gen rest`` is what the generation phase spent outside the
-sync and the engine's generate (the pipe, JSON, building the batch). One row per step. Step 1 has no weight sync before it; the
+sync and the engine's generate: on a step whose sync the parity guard checks, the check's scoring (the engine's
+and the trainer's float32 pass; sampling the probe, on the first check, is in ``engine generate``), else the
+pipe, JSON and building the batch. One row per step. Step 1 has no weight sync before it; the
 first parity check also samples the guard's probe. Nothing is changed in what the step computes.
 """
 
