@@ -50,28 +50,45 @@ def set_threads_everywhere(threads: int) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
 
 
-def main(argv=None) -> None:
+COLUMNS = [
+    "step",
+    "tokens",
+    "generation",
+    "sync",
+    "engine reload",
+    "engine generate",
+    "gen rest",
+    "parity check",
+    "parity: trainer fp32 pass",
+    "engine score",
+    "update",
+    "step s",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("overrides", nargs="*", help="config overrides, as tepo train takes them")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument(
-        "--fixed-length", type=int, default=0, help="every response exactly this many tokens (bench_vs_trl's mode)"
+        "--fixed-length",
+        type=int,
+        default=0,
+        help="every response exactly this many tokens (bench_vs_trl's mode)",
     )
-    parser.add_argument("--threads", type=int, default=0, help="torch threads, trainer and engine (0: all cores)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        set_threads_everywhere(args.threads)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads, trainer and engine (0: all cores)"
+    )
+    return parser
 
+
+def instrument(totals: dict) -> None:
+    """Timers around the parity guard, its float32 pass and every engine command (the server's own seconds)."""
     import tepo.rollout.parity as parity
     import tepo.rollout.vllm as vllm
-    from tepo.config import load_config
-    from tepo.rewards import RewardPool
-    from tepo.training import Trainer
-    from tepo.training.step import train_step
 
-    totals: dict[str, float] = {}
     timed(parity.ParityGuard, "check", "parity check", totals)
     timed(parity, "trainer_probe_logprobs", "parity: trainer fp32 pass", totals)
     call = vllm.VLLMRollout._call
@@ -83,6 +100,30 @@ def main(argv=None) -> None:
         return reply
 
     vllm.VLLMRollout._call = engine_call
+
+
+def phase_row(step: int, row: dict, totals: dict, seconds: float) -> dict:
+    """One table row from the step's metrics and the timers' totals."""
+    sync = row.get("time/rollout_sync_seconds") or 0.0
+    return {
+        "step": step,
+        "tokens": row["rollout/gen_tokens"],
+        "generation": row["time/gen_seconds"],
+        "sync": sync,
+        **totals,
+        "gen rest": row["time/gen_seconds"] - sync - totals.get("engine generate", 0.0),
+        "update": row["time/update_seconds"],
+        "step s": seconds,
+    }
+
+
+def run_steps(args, totals: dict) -> list[dict]:
+    """The default config's first ``args.steps`` steps in this process, one phase row each."""
+    from tepo.config import load_config
+    from tepo.rewards import RewardPool
+    from tepo.training import Trainer
+    from tepo.training.step import train_step
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         fixed = [f"train.output_dir={tmp}", "eval.size=0", "train.save_every=0", "train.save_final=false"]
@@ -98,44 +139,25 @@ def main(argv=None) -> None:
                 row = train_step(trainer.parts, trainer.plan, pool, trainer.step, trainer.next_batch(pool))
                 seconds = time.perf_counter() - start
                 trainer.counters.step += 1
-                rows.append(
-                    {
-                        "step": trainer.counters.step,
-                        "tokens": row["rollout/gen_tokens"],
-                        "generation": row["time/gen_seconds"],
-                        "sync": row.get("time/rollout_sync_seconds") or 0.0,
-                        **totals,
-                        "gen rest": row["time/gen_seconds"]
-                        - (row.get("time/rollout_sync_seconds") or 0.0)
-                        - totals.get("engine generate", 0.0),
-                        "update": row["time/update_seconds"],
-                        "step s": seconds,
-                    }
-                )
-    keys = [
-        "step",
-        "tokens",
-        "generation",
-        "sync",
-        "engine reload",
-        "engine generate",
-        "gen rest",
-        "parity check",
-        "parity: trainer fp32 pass",
-        "engine score",
-        "update",
-        "step s",
-    ]
-    print("| " + " | ".join(keys) + " |")
-    print("|" + "---|" * len(keys))
+                rows.append(phase_row(trainer.counters.step, row, totals, seconds))
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
     for row in rows:
-        print(
-            "| "
-            + " | ".join(
-                f"{row.get(k, 0.0):.2f}" if k not in ("step", "tokens") else f"{row[k]:.0f}" for k in keys
-            )
-            + " |"
-        )
+        cells = [f"{row[k]:.0f}" if k in ("step", "tokens") else f"{row.get(k, 0.0):.2f}" for k in COLUMNS]
+        print("| " + " | ".join(cells) + " |")
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        set_threads_everywhere(args.threads)
+    totals: dict[str, float] = {}
+    instrument(totals)
+    print_table(run_steps(args, totals))
 
 
 if __name__ == "__main__":
