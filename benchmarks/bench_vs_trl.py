@@ -246,17 +246,10 @@ def use_fixed_length(rollout, new_tokens: int) -> None:
     rollout.min_new_tokens = int(new_tokens)
 
 
-def _trl_worker(args, workload: dict) -> dict:
+def _timed_grpo_trainer(timers: dict):
+    """TRL's GRPOTrainer with timers around generation, rewards, no-grad log-probs and the whole collection."""
     import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from tepo.data import load_problems
-    from tepo.models import load_model_and_tokenizer
-    from tepo.rewards import RewardPool
-
-    timers: dict[str, float] = {}
+    from trl import GRPOTrainer
 
     def timed(name, fn):
         def wrapper(*a, **k):
@@ -286,7 +279,12 @@ def _trl_worker(args, workload: dict) -> dict:
             timers["gen_tokens"] = timers.get("gen_tokens", 0.0) + tokens
             return out
 
-    rows: list[dict] = []
+    return TimedGRPOTrainer
+
+
+def _step_timer(timers: dict, rows: list):
+    """A callback that turns each TRL step's timers into one row (update = step - collection)."""
+    from transformers import TrainerCallback
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *_a, **_k):
@@ -305,16 +303,69 @@ def _trl_worker(args, workload: dict) -> dict:
             row["gen_tokens"] = row["update_tokens"] = timers.get("gen_tokens", 0.0)
             rows.append(row)
 
+    return StepTimer()
+
+
+def _trl_dataset(workload: dict):
+    """The workload's prompts as TRL's conversational dataset, with the reference answer beside each."""
+    from datasets import Dataset
+
+    from tepo.data import load_problems
+
     problems = load_problems(workload.get("data") or "arithmetic", split="train", limit=512, seed=SEED)
-    data = Dataset.from_list(
-        [
-            {
-                "prompt": [{"role": "user", "content": f"{p.problem} {INSTRUCTION}".strip()}],
-                "answer": p.answer,
-            }
-            for p in problems
-        ]
+    rows = [
+        {"prompt": [{"role": "user", "content": f"{p.problem} {INSTRUCTION}".strip()}], "answer": p.answer}
+        for p in problems
+    ]
+    return Dataset.from_list(rows)
+
+
+def _grpo_config(output_dir: str, workload: dict, micro: int, total: int):
+    """TRL's settings for the shared workload (see the module docstring: the same loss, sampling and optimizer)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=output_dir,
+        use_cpu=workload.get("device", "cpu") == "cpu",  # else accelerate puts the model on the GPU
+        bf16=workload["bf16"],  # the precision tepo's auto picks here (tepo.precision), as tepo's side
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=total // micro,
+        num_generations=workload["samples"],
+        max_completion_length=workload["new_tokens"],
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        repetition_penalty=1.0,
+        num_iterations=1,
+        beta=0.0,
+        epsilon=EPS,
+        importance_sampling_level="sequence",
+        loss_type="dapo",
+        learning_rate=LR,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        max_steps=workload["warmup"] + workload["steps"],
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=SEED,
+        dataloader_num_workers=0,
+        # --fixed-length: EOS masked until max_completion_length, so every completion has exactly that many
+        # tokens (tepo's side: use_fixed_length).
+        generation_kwargs={"min_new_tokens": workload["new_tokens"]} if workload.get("fixed_length") else None,
     )
+
+
+def _trl_worker(args, workload: dict) -> dict:
+    from tepo.models import load_model_and_tokenizer
+    from tepo.rewards import RewardPool
+
+    timers: dict[str, float] = {}
+    rows: list[dict] = []
+    data = _trl_dataset(workload)
     pool = RewardPool(num_workers=REWARD_WORKERS, timeout_s=5.0)
 
     def math_reward(completions, answer, **_):
@@ -333,50 +384,14 @@ def _trl_worker(args, workload: dict) -> dict:
         from peft import LoraConfig
 
         peft_config = LoraConfig(task_type="CAUSAL_LM", **lora)
-    steps = workload["warmup"] + workload["steps"]
     with tempfile.TemporaryDirectory() as tmp:
-        config = GRPOConfig(
-            output_dir=tmp,
-            use_cpu=workload.get("device", "cpu") == "cpu",  # else accelerate puts the model on the GPU
-            bf16=workload["bf16"],  # the precision tepo's auto picks here (tepo.precision), as tepo's side
-            per_device_train_batch_size=micro,
-            gradient_accumulation_steps=total // micro,
-            num_generations=workload["samples"],
-            max_completion_length=workload["new_tokens"],
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            repetition_penalty=1.0,
-            num_iterations=1,
-            beta=0.0,
-            epsilon=EPS,
-            importance_sampling_level="sequence",
-            loss_type="dapo",
-            learning_rate=LR,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            weight_decay=0.0,
-            max_grad_norm=1.0,
-            max_steps=steps,
-            logging_steps=1,
-            save_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            seed=SEED,
-            dataloader_num_workers=0,
-            # --fixed-length: EOS masked until max_completion_length, so every completion has exactly that many
-            # tokens (tepo's side: use_fixed_length).
-            generation_kwargs={"min_new_tokens": workload["new_tokens"]}
-            if workload.get("fixed_length")
-            else None,
-        )
-        trainer = TimedGRPOTrainer(
+        trainer = _timed_grpo_trainer(timers)(
             model=model,
             reward_funcs=math_reward,
-            args=config,
+            args=_grpo_config(tmp, workload, micro, total),
             train_dataset=data,
             processing_class=tokenizer,
-            callbacks=[StepTimer()],
+            callbacks=[_step_timer(timers, rows)],
             peft_config=peft_config,
         )
         load_seconds = time.perf_counter() - start
@@ -546,6 +561,34 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     return args
 
 
+def run_rounds(args, workload: dict, variants: list[str], rounds: int) -> tuple[dict, list]:
+    """Each side in its own subprocess, alternating (A, B, C, then C, B, A, ...); returns every side's results
+    and the 1-minute load average before each subprocess."""
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    loads = []
+    for round_index in range(rounds):
+        # Alternate the order too, so neither side always runs first in a round.
+        order = variants if round_index % 2 == 0 else variants[::-1]
+        for side in order:
+            argv = [__file__, "--worker", side, "--workload", json.dumps(workload), "--threads", str(args.threads)]
+            for item in args.override or []:
+                argv += ["--override", item]
+            loads.append(load_average()[0])
+            result = run_worker(argv)
+            if "error" in result:
+                print(result["error"], file=sys.stderr)
+                sys.exit(1)
+            runs[side].append(result)
+            steps_s = [round(r["step_seconds"], 1) for r in result["measured_rows"]]
+            print(
+                f"round {round_index + 1} {side:>18s}: step s {steps_s}, peak RSS {result['peak_rss_mb']:.0f} MiB,"
+                f" tree PSS {result['peak_tree_pss_mb']:.0f} MiB,"
+                f" load avg {loads[-1]:.2f}",
+                flush=True,
+            )
+    return runs, loads
+
+
 def main(argv=None) -> None:
     parser = build_parser()
     args = parse_args(parser, argv)
@@ -574,36 +617,7 @@ def main(argv=None) -> None:
     print(precision_line(machine), flush=True)
     print(f"workload {workload}, threads {args.threads}, rounds {rounds}, variants {variants}", flush=True)
     print(f"load average at start: {load_average()}", flush=True)
-    runs: dict[str, list[dict]] = {v: [] for v in variants}
-    loads = []
-    for round_index in range(rounds):
-        # Alternate the order too, so neither side always runs first in a round.
-        order = variants if round_index % 2 == 0 else variants[::-1]
-        for side in order:
-            argv = [
-                __file__,
-                "--worker",
-                side,
-                "--workload",
-                json.dumps(workload),
-                "--threads",
-                str(args.threads),
-            ]
-            for item in args.override or []:
-                argv += ["--override", item]
-            loads.append(load_average()[0])
-            result = run_worker(argv)
-            if "error" in result:
-                print(result["error"], file=sys.stderr)
-                sys.exit(1)
-            runs[side].append(result)
-            steps_s = [round(r["step_seconds"], 1) for r in result["measured_rows"]]
-            print(
-                f"round {round_index + 1} {side:>18s}: step s {steps_s}, peak RSS {result['peak_rss_mb']:.0f} MiB,"
-                f" tree PSS {result['peak_tree_pss_mb']:.0f} MiB,"
-                f" load avg {loads[-1]:.2f}",
-                flush=True,
-            )
+    runs, loads = run_rounds(args, workload, variants, rounds)
     summary = {side: summarize_side(r) for side, r in runs.items()}
     print(
         f"\nload average (1 min) during the runs: min {min(loads):.2f}, max {max(loads):.2f}; end {load_average()}"
