@@ -114,3 +114,23 @@ def test_the_registered_hypotheses_are_decidable_on_the_committed_runs():
     verdicts = decide_all(build_table(runs), hypotheses, alpha)
     assert [v.hypothesis.id for v in verdicts] == ["H1", "H2", "H3", "H4"]
     assert {v.verdict for v in verdicts} <= {"supported", "contradicted", "undecided", "not tested"}
+
+
+def test_verdict_sh_refuses_to_decide_before_the_plans_40_runs_are_in(tmp_path):
+    """verdict.sh (the analysis, committed before its data) makes no interim verdict: with one run short of the
+    plan's 40 it stops with the count before running tepo compare."""
+    main = tmp_path / "docs" / "results" / "tepo-decided" / "main"
+    for method in METHODS:
+        for seed in range(10):
+            if (method, seed) != ("tepo_v2_kl_mask", 9):
+                (main / method / f"seed{seed}").mkdir(parents=True)
+                (main / method / f"seed{seed}" / "summary.json").write_text("{}")
+    done = subprocess.run(
+        ["bash", str(STUDY / "verdict.sh")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "TEPO": "false", "PYTHON": "false"},
+    )
+    assert done.returncode == 1
+    assert "39 of the plan's 40 main runs" in done.stderr
