@@ -102,6 +102,8 @@ OUR_VARIANTS = {
     "ours_block128": ["rollout.backend=vllm", "rollout.vllm.block_size=128"],
     # The engine as issue #54 found it: every sync checked and blocks of 128.
     "ours_issue54_engine": ["rollout.backend=vllm", "rollout.parity.every=1", "rollout.vllm.block_size=128"],
+    # vLLM's compiled CPU engine (inductor; a longer start, a faster decode step): the option for long runs.
+    "ours_compiled": ["rollout.backend=vllm", "rollout.vllm.compile=true"],
     "ours_hf": ["rollout.backend=hf"],
     "ours_fp32_rollout": ["rollout.backend=hf", "rollout.autocast_bf16=false"],
     "ours_foreach_adamw": ["optim.fused=false"],
