@@ -132,6 +132,15 @@ def set_threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def bind_engine_cores(threads: int) -> None:
+    """Bind the vLLM engine's OpenMP threads to this process's first ``threads`` cores, the trainer's thread count:
+    in the synchronous loop the two never compute at the same time. A value the user set wins."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+
+
 def emit(result: dict) -> None:
     """Print the worker's result as one prefixed JSON line (the parent ignores everything else on stdout)."""
     print(RESULT_PREFIX + json.dumps(result), flush=True)

@@ -18,9 +18,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import bind_engine_cores, set_threads
 
 
 def timed(owner, name: str, key: str, totals: dict) -> None:
@@ -36,18 +41,6 @@ def timed(owner, name: str, key: str, totals: dict) -> None:
             totals[key] = totals.get(key, 0.0) + time.perf_counter() - start
 
     setattr(owner, name, wrapper)
-
-
-def set_threads_everywhere(threads: int) -> None:
-    """``threads`` torch threads in this process, and the vLLM engine's OpenMP threads bound to as many cores
-    (they never compute at the same time; bench_vs_trl does the same)."""
-    import os
-
-    import torch
-
-    torch.set_num_threads(threads)
-    cores = sorted(os.sched_getaffinity(0))[:threads]
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
 
 
 COLUMNS = [
@@ -154,7 +147,8 @@ def print_table(rows: list[dict]) -> None:
 def main(argv=None) -> None:
     args = build_parser().parse_args(argv)
     if args.threads:
-        set_threads_everywhere(args.threads)
+        set_threads(args.threads)
+        bind_engine_cores(args.threads)
     totals: dict[str, float] = {}
     instrument(totals)
     print_table(run_steps(args, totals))

@@ -57,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
     TreeMemorySampler,
+    bind_engine_cores,
     current_rss_mb,
     emit,
     fmt,
@@ -406,21 +407,18 @@ def _trl_worker(args, workload: dict) -> dict:
 
 
 def worker_main(args) -> None:
-    import os
-
     set_threads(args.threads)
     overlapped = "rollout.async_steps=1" in OUR_VARIANTS.get(args.worker, [])
     if args.threads and not overlapped:
         # The vLLM server computes on as many cores as the trainer does (they never compute at the same time).
         # Overlapped, the engine samples *while* the trainer updates, so it takes a core of its own
         # (tepo.rollout.vllm_launch.engine_cores) and the trainer keeps to the others: this side uses one more core.
-        cores = sorted(os.sched_getaffinity(0))[: args.threads]
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
+        bind_engine_cores(args.threads)
     workload = json.loads(args.workload)
     fn = _trl_worker if args.worker in TRL_VARIANTS else _ours_worker
     # The whole process tree (reward workers; the vLLM server and its engine processes), sampled: PSS, so shared
     # library pages count once.
-    with TreeMemorySampler(workload.get("pss_interval", 0.25)) as tree:
+    with TreeMemorySampler(workload["pss_interval"]) as tree:
         result = fn(args, workload)
     rows = result["rows"][workload["warmup"] :]
     if workload.get("device", "cpu") != "cpu":
