@@ -4,6 +4,7 @@ server's CPU time, which the trainer's own clock misses."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -103,3 +104,36 @@ def test_bench_vs_trl_runs_both_sides_on_equal_work_and_reports_their_ratio(tmp_
         assert summary[side]["gen_tokens_median"] == 16, (side, summary[side])
         assert summary[side]["step_seconds_median"] > summary[side]["update_seconds_median"] > 0
     assert "ours/trl" in printed.stdout
+
+
+def test_the_issue54_engine_variant_writes_a_new_weights_file_at_every_sync():
+    """bench_vs_trl's baseline keeps the weight sync of the engine issue #54 measured: the file is deleted once
+    loaded and created anew by the next sync, where tepo's engine now overwrites one file in place."""
+    from types import SimpleNamespace
+
+    import torch
+    from bench_vs_trl import NEW_WEIGHTS_FILE_EACH_SYNC, OUR_VARIANTS, use_a_new_weights_file_each_sync
+
+    from helpers import tiny_llama
+    from tepo.rollout.vllm_weights import EngineWeights
+
+    assert "ours_issue54_engine" in NEW_WEIGHTS_FILE_EACH_SYNC and "ours" not in NEW_WEIGHTS_FILE_EACH_SYNC
+    assert set(NEW_WEIGHTS_FILE_EACH_SYNC) <= set(OUR_VARIANTS)
+    model = tiny_llama(0)
+    kept, dropped = EngineWeights(model, "float32", log=print), EngineWeights(model, "float32", log=print)
+    use_a_new_weights_file_each_sync(SimpleNamespace(_weights=dropped))
+    try:
+        inodes = {id(w): w.file.path.stat().st_ino for w in (kept, dropped)}
+        for weights in (kept, dropped):
+            weights.loaded(weights.synced_version, staged=False)
+        assert kept.file.path.exists() and not dropped.file.path.exists()
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+        for weights in (kept, dropped):
+            assert weights.to_load() is not None
+        assert kept.file.path.stat().st_ino == inodes[id(kept)]
+        assert dropped.file.path.stat().st_ino != inodes[id(dropped)]
+    finally:
+        for weights in (kept, dropped):
+            weights.release()
+            shutil.rmtree(weights.dir, ignore_errors=True)

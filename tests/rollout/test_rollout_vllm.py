@@ -264,7 +264,7 @@ def test_vllm_logprobs_equal_the_trainers_before_and_after_a_weight_sync(fp32_en
     weights_file = fp32_engine._weights_dir / "model.safetensors"
     gap, before = _max_logp_gap(fp32_engine, chat_prompts, num_samples=4, max_new_tokens=16, seed=3)
     assert gap < 1e-3
-    assert not weights_file.exists()  # dropped once loaded: it is RAM (/dev/shm) that nothing reads
+    inode = weights_file.stat().st_ino  # kept for the run and overwritten in place (WeightsFile)
     syncs = fp32_engine.sync_count
     with torch.no_grad():
         model.get_input_embeddings().weight.mul_(1.5)  # tied: the output head changes too
@@ -281,7 +281,7 @@ def test_vllm_logprobs_equal_the_trainers_before_and_after_a_weight_sync(fp32_en
     # 40-50-token prompts would share nothing. (vLLM counts one sample's hit per prompt.)
     assert fp32_engine.block_size == 32
     assert fp32_engine.last_prefix_cached_tokens >= 32
-    assert not weights_file.exists()
+    assert weights_file.stat().st_ino == inode  # the engine read the new weights from the same file
     assert after.texts != before.texts
     # No change since: the next generation does not resend the weights.
     fp32_engine.generate(chat_prompts, num_samples=1, max_new_tokens=2, seed=0)

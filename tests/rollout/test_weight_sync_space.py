@@ -34,7 +34,9 @@ def test_a_small_shm_falls_back_to_disk_with_one_line(tmp_path, monkeypatch):
     root, note = choose_weights_root(3 * 2**30, shm=shm, fallback=disk)
     assert root == disk
     assert "\n" not in note and "64 MB" not in note and "0.06 GiB free" in note and str(disk) in note
-    # room for one copy only is not enough: a sync writes the new file beside the old one
+    # the file is overwritten in place, so room for one copy and a margin is enough, and less is not
+    _free(monkeypatch, 3 * 2**30 + 64 * 2**20)
+    assert choose_weights_root(3 * 2**30, shm=shm, fallback=disk)[0] == shm
     _free(monkeypatch, 3 * 2**30 + 2**20)
     assert choose_weights_root(3 * 2**30, shm=shm, fallback=disk)[0] == disk
 
@@ -64,12 +66,15 @@ def test_the_engine_asks_before_writing(monkeypatch, tmp_path):
     class Stop(Exception):
         pass
 
-    def stop_at_write(model, folder, dtype):
-        seen["folder"] = folder
-        raise Stop
+    class StopAtWrite:
+        def __init__(self, folder, dtype):
+            seen["folder"] = folder
+
+        def write(self, model):
+            raise Stop
 
     monkeypatch.setattr(vllm_weights, "choose_weights_root", fake_root)
-    monkeypatch.setattr(vllm_weights, "write_weights", stop_at_write)
+    monkeypatch.setattr(vllm_weights, "WeightsFile", StopAtWrite)
     monkeypatch.setattr(vllm, "find_vllm_python", lambda python: "/bin/true")
     logged = []
     model = tiny_llama(0)

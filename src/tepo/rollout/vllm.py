@@ -189,7 +189,6 @@ class VLLMRollout:
         except BaseException:
             self.close()  # no half-started engine or weights folder left behind
             raise
-        self._weights.drop_file()
         self.engine_version = ready.get("vllm")
         self.startup_seconds = float(ready.get("seconds", 0.0))
         self.preferred_batch_rows = int(ready.get("max_num_seqs") or self.preferred_batch_rows)
@@ -404,6 +403,8 @@ class VLLMRollout:
         """Stop the server (and its engine workers) and remove the weights folder. Safe to call twice."""
         if getattr(self, "_pipe", None) is not None:
             self._pipe.close()
+        if getattr(self, "_weights", None) is not None:
+            self._weights.release()
 
     @property
     def _proc(self):

@@ -16,11 +16,11 @@ import torch
 
 from tepo.rollout.weight_sync import (
     WEIGHTS_DIR_PREFIX,
+    WeightsFile,
     choose_weights_root,
     sweep_orphaned_weight_dirs,
     weights_bytes,
     weights_version,
-    write_weights,
 )
 
 
@@ -40,13 +40,14 @@ class EngineWeights:
             log(note)
         sweep_orphaned_weight_dirs(weights_root)
         self.dir = Path(tempfile.mkdtemp(prefix=WEIGHTS_DIR_PREFIX, dir=weights_root))
-        write_weights(model, self.dir, self.dtype)
+        self.file = WeightsFile(self.dir, self.dtype)
+        self.file.write(model)
 
     def stage(self) -> None:
         """Write the model's weights now, if they changed; until :meth:`end_staging` a sync loads this copy."""
         version = weights_version(self.model)
         if self.stale or version != self.synced_version:
-            write_weights(self.model, self.dir, self.dtype)
+            self.file.write(self.model)
             self.staged_version = version
         self.stale = False
         self.use_staged = True
@@ -66,18 +67,15 @@ class EngineWeights:
         version = weights_version(self.model)
         if not (force or self.stale or version != self.synced_version):
             return None
-        write_weights(self.model, self.dir, self.dtype)
+        self.file.write(self.model)
         return version
 
     def loaded(self, version, *, staged: bool) -> None:
         """The engine loaded ``version``; a change of the model during staging still waits for the next sync."""
-        self.drop_file()
         self.synced_version = version
         if not staged:
             self.stale = False
 
-    def drop_file(self) -> None:
-        # The engine has copied the weights into its own tensors; the file in /dev/shm is RAM (the model's size in
-        # bf16) that nothing reads until the next sync writes it again. The config files stay: vLLM's reload
-        # reads the folder's config.
-        (self.dir / "model.safetensors").unlink(missing_ok=True)
+    def release(self) -> None:
+        """Unmap the weights file (the folder itself goes with the server: tepo.rollout.vllm_pipe)."""
+        self.file.release()
