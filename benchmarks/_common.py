@@ -141,6 +141,20 @@ def bind_engine_cores(threads: int) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores)))
 
 
+def source_commit() -> str | None:
+    """The repository's commit these benchmarks ran from, with ``+dirty`` when tracked files differ from it (None
+    outside a git checkout): written into result files so that a number can be traced to its code."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        commit = subprocess.run(["git", "-C", root, "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        changes = subprocess.run(
+            ["git", "-C", root, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit.stdout.strip() + ("+dirty" if changes.stdout.strip() else "")
+
+
 def emit(result: dict) -> None:
     """Print the worker's result as one prefixed JSON line (the parent ignores everything else on stdout)."""
     print(RESULT_PREFIX + json.dumps(result), flush=True)

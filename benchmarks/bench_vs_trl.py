@@ -69,6 +69,7 @@ from _common import (
     ratio,
     run_worker,
     set_threads,
+    source_commit,
     tree_cpu_seconds,
 )
 
@@ -101,9 +102,13 @@ OUR_VARIANTS = {
     # Before the 32-token KV-cache blocks (2026-12-07): vLLM's CPU default of 128, where a group's samples share no
     # prefill; with the guard's schedule of today, so the difference to "ours" is the block size alone.
     "ours_block128": ["rollout.backend=vllm", "rollout.vllm.block_size=128"],
-    # The engine as issue #54 found it: every sync checked, blocks of 128, and a new weights file at every sync
-    # (NEW_WEIGHTS_FILE_EACH_SYNC).
-    "ours_issue54_engine": ["rollout.backend=vllm", "rollout.parity.every=1", "rollout.vllm.block_size=128"],
+    # The engine as issue #54 found it: every sync checked, blocks of 128, a new weights file at every sync.
+    "ours_issue54_engine": [
+        "rollout.backend=vllm",
+        "rollout.parity.every=1",
+        "rollout.vllm.block_size=128",
+        "rollout.vllm.keep_weights_file=false",
+    ],
     # vLLM's compiled CPU engine (inductor; a longer start, a faster decode step): the option for long runs.
     "ours_compiled": ["rollout.backend=vllm", "rollout.vllm.compile=true"],
     "ours_hf": ["rollout.backend=hf"],
@@ -205,8 +210,6 @@ def _ours_worker(args, workload: dict) -> dict:
         rss_after_load = current_rss_mb()
         if workload.get("fixed_length"):
             use_fixed_length(trainer.rollout, workload["new_tokens"])
-        if args.worker in NEW_WEIGHTS_FILE_EACH_SYNC:
-            use_a_new_weights_file_each_sync(trainer.rollout)
         rows = []
         with (
             RewardPool(num_workers=REWARD_WORKERS, timeout_s=config.reward.timeout_s) as pool,
@@ -237,26 +240,6 @@ def _ours_worker(args, workload: dict) -> dict:
                     }
                 )
     return {"load_seconds": load_seconds, "rss_after_load_mb": rss_after_load, "rows": rows}
-
-
-# Variants whose engine gets a new weights file at every sync, as tepo's did before the file was kept and
-# overwritten in place (tepo.rollout.weight_sync.WeightsFile): deleted once the engine has loaded it, so that the
-# next sync allocates and fills it anew.
-NEW_WEIGHTS_FILE_EACH_SYNC = {"ours_issue54_engine"}
-
-
-def use_a_new_weights_file_each_sync(rollout) -> None:
-    """The weight sync of issue #54's engine: the file is dropped after each load (inside the sync's timing, as
-    it was) and the next write creates it again."""
-    weights = rollout._weights
-    loaded = weights.loaded
-
-    def loaded_then_dropped(version, *, staged: bool) -> None:
-        loaded(version, staged=staged)
-        weights.file.release()
-        weights.file.path.unlink(missing_ok=True)
-
-    weights.loaded = loaded_then_dropped
 
 
 def use_fixed_length(rollout, new_tokens: int) -> None:
@@ -655,6 +638,12 @@ def main(argv=None) -> None:
         Path(args.json).write_text(
             json.dumps(
                 {
+                    "commit": source_commit(),
+                    # tepo's config overrides per side; TRL's peft LoRA settings (None: full fine-tuning)
+                    "variants": {
+                        v: OUR_VARIANTS[v] if v in OUR_VARIANTS else {"peft_lora": TRL_VARIANTS[v]}
+                        for v in variants
+                    },
                     "workload": workload,
                     "machine": machine,
                     "threads": args.threads,

@@ -100,7 +100,7 @@ def _write_flat_config(config: RunConfig, path: Path, values: dict | None = None
         rollout[old] = rollout[section].pop(key)
         if values and old in values:
             rollout[old] = values[old]
-    born_later = {"parity": {"every"}, "vllm": {"compile", "block_size"}}
+    born_later = {"parity": {"every"}, "vllm": {"compile", "block_size", "keep_weights_file"}}
     for section in ("hf", "vllm", "parity"):
         assert set(rollout.pop(section)) == born_later.get(section, set())
     data["optim"]["betas"] = list(data["optim"]["betas"])

@@ -5,6 +5,7 @@ server's CPU time, which the trainer's own clock misses."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -99,40 +100,67 @@ def test_bench_vs_trl_runs_both_sides_on_equal_work_and_reports_their_ratio(tmp_
     command += ["--warmup", "0", "--steps", "1", "--fixed-length", "--threads", "1", *size, "--json", str(out)]
     printed = subprocess.run(command, capture_output=True, text=True, timeout=1200)
     assert printed.returncode == 0, printed.stdout[-3000:] + printed.stderr[-3000:]
-    summary = json.loads(out.read_text())["summary"]
+    result = json.loads(out.read_text())
+    summary = result["summary"]
+    # The file names the code and each side's settings it measured.
+    assert result["variants"] == {"ours": [], "trl": {"peft_lora": None}}
+    assert result["commit"].removesuffix("+dirty") == _head_commit()
     for side in ("ours", "trl"):
         assert summary[side]["gen_tokens_median"] == 16, (side, summary[side])
         assert summary[side]["step_seconds_median"] > summary[side]["update_seconds_median"] > 0
     assert "ours/trl" in printed.stdout
 
 
-def test_the_issue54_engine_variant_writes_a_new_weights_file_at_every_sync():
-    """bench_vs_trl's baseline keeps the weight sync of the engine issue #54 measured: the file is deleted once
-    loaded and created anew by the next sync, where tepo's engine now overwrites one file in place."""
-    from types import SimpleNamespace
+def _head_commit() -> str:
+    return subprocess.run(
+        ["git", "-C", str(BENCHMARKS.parent), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
+
+def test_result_files_name_the_commit_they_ran_from_and_whether_it_was_changed(tmp_path, monkeypatch):
+    from _common import source_commit
+
+    if not (BENCHMARKS.parent / ".git").exists():
+        pytest.skip("not a git checkout")
+    assert source_commit().removesuffix("+dirty") == _head_commit()
+    # Outside a checkout there is nothing to name.
+    monkeypatch.setattr("_common.os.path.abspath", lambda path: str(tmp_path / "benchmarks" / "_common.py"))
+    assert source_commit() is None
+
+
+def test_the_issue54_engine_variant_writes_a_new_weights_file_at_every_sync():
+    """bench_vs_trl's baseline keeps the weight sync of the engine issue #54 measured
+    (rollout.vllm.keep_weights_file=false): the file is deleted once loaded and created anew by the next sync,
+    where tepo's default engine overwrites one file in place."""
     import torch
-    from bench_vs_trl import NEW_WEIGHTS_FILE_EACH_SYNC, OUR_VARIANTS, use_a_new_weights_file_each_sync
+    from bench_vs_trl import OUR_VARIANTS
 
     from helpers import tiny_llama
+    from tepo.config import load_config
     from tepo.rollout.vllm_weights import EngineWeights
 
-    assert "ours_issue54_engine" in NEW_WEIGHTS_FILE_EACH_SYNC and "ours" not in NEW_WEIGHTS_FILE_EACH_SYNC
-    assert set(NEW_WEIGHTS_FILE_EACH_SYNC) <= set(OUR_VARIANTS)
+    assert load_config("tepo", OUR_VARIANTS["ours_issue54_engine"]).rollout.vllm.keep_weights_file is False
+    assert load_config("tepo", OUR_VARIANTS["ours"]).rollout.vllm.keep_weights_file is True
     model = tiny_llama(0)
-    kept, dropped = EngineWeights(model, "float32", log=print), EngineWeights(model, "float32", log=print)
-    use_a_new_weights_file_each_sync(SimpleNamespace(_weights=dropped))
+    kept = EngineWeights(model, "float32", log=print)
+    dropped = EngineWeights(model, "float32", log=print, keep_file=False)
     try:
         inodes = {id(w): w.file.path.stat().st_ino for w in (kept, dropped)}
         for weights in (kept, dropped):
-            weights.loaded(weights.synced_version, staged=False)
+            weights.started()
+            assert weights.to_load() is None  # nothing changed since the engine started
         assert kept.file.path.exists() and not dropped.file.path.exists()
         with torch.no_grad():
             next(model.parameters()).add_(1.0)
         for weights in (kept, dropped):
             assert weights.to_load() is not None
+            assert weights.file.path.exists()  # written for the engine to load
         assert kept.file.path.stat().st_ino == inodes[id(kept)]
         assert dropped.file.path.stat().st_ino != inodes[id(dropped)]
+        for weights in (kept, dropped):
+            weights.loaded(weights_version := weights.synced_version, staged=False)
+            assert weights.synced_version == weights_version
+        assert kept.file.path.exists() and not dropped.file.path.exists()
     finally:
         for weights in (kept, dropped):
             weights.release()

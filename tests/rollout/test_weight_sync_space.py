@@ -85,3 +85,27 @@ def test_the_engine_asks_before_writing(monkeypatch, tmp_path):
     assert seen["folder"].parent == tmp_path
     assert logged == ["weight sync: test note"]
     shutil.rmtree(seen["folder"], ignore_errors=True)
+
+
+def test_keep_weights_file_reaches_the_engines_weights(monkeypatch, tmp_path):
+    """rollout.vllm.keep_weights_file goes from the config to EngineWeights (checked up to the write, no server)."""
+    from tepo.config import load_config
+
+    kept = []
+
+    class Stop(Exception):
+        pass
+
+    def record(self, model, dtype, log, *, keep_file=True):
+        kept.append(keep_file)
+        raise Stop
+
+    monkeypatch.setattr(vllm, "find_vllm_python", lambda python: "/bin/true")
+    monkeypatch.setattr(vllm_weights.EngineWeights, "__init__", record)
+    monkeypatch.setattr(vllm, "EngineWeights", vllm_weights.EngineWeights)
+    tokenizer = SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    for value in ("true", "false"):
+        rollout = load_config("tepo", [f"rollout.vllm.keep_weights_file={value}"]).rollout
+        with contextlib.suppress(Stop):
+            vllm.VLLMRollout.from_config(rollout, tiny_llama(0), tokenizer, seed=0, log=lambda *_: None)
+    assert kept == [True, False]

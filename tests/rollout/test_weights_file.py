@@ -120,3 +120,18 @@ def test_the_header_is_what_safetensors_writes_for_the_same_tensors(tmp_path):
     (tmp_path / "ours.safetensors").write_bytes(header + data)
     assert_file_holds(tmp_path / "ours.safetensors", tensors)
     assert ranges == {"b": (0, 12), "a": (12, 22), "c": (22, 36)}
+
+
+@pytest.mark.model
+def test_the_sync_benchmark_compares_the_kept_file_with_a_new_one(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_weight_sync.py"
+    command = [sys.executable, str(script), "--rounds", "1", "--write-only", "--threads", "1"]
+    printed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert printed.returncode == 0, printed.stderr[-3000:]
+    line = next(x for x in printed.stdout.splitlines() if x.startswith("write:"))
+    new, kept = (float(x.split(" s")[0]) for x in (line.split("new file ")[1], line.split("kept file ")[1]))
+    assert new > 0 and kept > 0 and "kept / new = " in line

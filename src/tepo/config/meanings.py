@@ -44,6 +44,7 @@ MEANINGS: dict[str, str] = {
     "rollout.vllm.max_model_len": "vllm backend: prompt + response tokens accepted; null: min(model's, 4096)",
     "rollout.vllm.block_size": "vllm backend: tokens per KV-cache block (prefix sharing is by whole blocks); null: 32 on CPU, vLLM's on CUDA",
     "rollout.vllm.compile": "vllm backend on the CPU: compiled engine (faster decode, 15-85 s longer start-up)",
+    "rollout.vllm.keep_weights_file": "vllm backend: keep the weight-sync file for the run, overwritten in place (faster sync, one copy of the weights held in RAM)",
     "rollout.parity.check": "after weight syncs, check that the engine samples the weights it was sent",
     "rollout.parity.every": "check the first two syncs, then every N-th (1: every sync)",
     "rollout.parity.max_gap": "stop when engine and trainer differ by more than this per token (nats, mean)",

@@ -75,7 +75,8 @@ class VLLMRollout:
     of its memory (vLLM's own setting; not passed on the CPU). ``compile_cpu``: on the CPU, run vLLM's compiled
     model instead of eager (``rollout.vllm.compile``; its cache in :func:`compile_cache_dir`). ``block_size``:
     tokens per KV-cache block (``rollout.vllm.block_size``; None: :func:`engine_memory_options` decides).
-    Call :meth:`close` (or use ``with``) to stop the server; it is also stopped at interpreter exit.
+    ``keep_weights_file``: keep the weight-sync file for the run, overwritten in place (``rollout.vllm.
+    keep_weights_file``; :class:`tepo.rollout.vllm_weights.EngineWeights`). Call :meth:`close` (or use ``with``) to stop the server; it is also stopped at interpreter exit.
     """
 
     def __init__(
@@ -97,6 +98,7 @@ class VLLMRollout:
         chunked_prefill: str = "auto",
         compile_cpu: bool = False,
         block_size: int | None = None,
+        keep_weights_file: bool = True,
         parity_guard: ParityGuard | None = None,
         log=print,
     ):
@@ -131,7 +133,7 @@ class VLLMRollout:
         self.max_model_len = int(max_model_len)
         # Before anything is written: a missing interpreter must not leave a model's worth of weights in RAM.
         python = find_vllm_python(python)
-        self._weights = EngineWeights(model, dtype, log)
+        self._weights = EngineWeights(model, dtype, log, keep_file=keep_weights_file)
         self._weights_dir = self._weights.dir
         # Without a log_path the log is temporary: next to the weights' name in the temp dir, removed with them.
         self._temporary_log = (
@@ -189,6 +191,7 @@ class VLLMRollout:
         except BaseException:
             self.close()  # no half-started engine or weights folder left behind
             raise
+        self._weights.started()
         self.engine_version = ready.get("vllm")
         self.startup_seconds = float(ready.get("seconds", 0.0))
         self.preferred_batch_rows = int(ready.get("max_num_seqs") or self.preferred_batch_rows)
@@ -236,6 +239,7 @@ class VLLMRollout:
             gpu_memory_utilization=engine.gpu_memory_utilization,
             compile_cpu=engine.compile,
             block_size=engine.block_size,
+            keep_weights_file=engine.keep_weights_file,
             parity_guard=guard,
             log=log,
         )

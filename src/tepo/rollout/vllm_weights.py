@@ -28,8 +28,11 @@ class EngineWeights:
     """The engine's copy of ``model``'s weights in ``dtype`` (a torch dtype name), in a fresh folder, written
     at once (the server starts from it); ``log`` says where, when not in memory."""
 
-    def __init__(self, model, dtype: str, log):
+    def __init__(self, model, dtype: str, log, *, keep_file: bool = True):
         self.model = model
+        # rollout.vllm.keep_weights_file. True: one file for the run, overwritten in place (faster; one copy of the
+        # weights held in RAM). False: deleted once the engine has loaded it, written anew at the next sync.
+        self.keep_file = keep_file
         self.dtype = getattr(torch, dtype)
         self.synced_version = weights_version(model)
         self.stale = False  # the model changed since the last sync (weights_updated)
@@ -70,11 +73,23 @@ class EngineWeights:
         self.file.write(self.model)
         return version
 
+    def started(self) -> None:
+        """The engine started from the file."""
+        self._drop_unless_kept()
+
     def loaded(self, version, *, staged: bool) -> None:
         """The engine loaded ``version``; a change of the model during staging still waits for the next sync."""
+        self._drop_unless_kept()
         self.synced_version = version
         if not staged:
             self.stale = False
+
+    def _drop_unless_kept(self) -> None:
+        # Without keep_file the engine has copied the weights into its own tensors and the file (RAM, in /dev/shm)
+        # is deleted until the next sync writes it again. The config files stay: vLLM's reload reads them.
+        if not self.keep_file:
+            self.file.release()
+            self.file.path.unlink(missing_ok=True)
 
     def release(self) -> None:
         """Unmap the weights file (the folder itself goes with the server: tepo.rollout.vllm_pipe)."""
