@@ -4,8 +4,9 @@ every sync (before), side by side in one process (issue #54; docs/performance.md
 Two measurements, each alternating the two ways ``--rounds`` times (A, B, A, B, ...) so that the machine's load
 hits both alike; medians and their ratio are printed:
 
-1. the write alone (``WeightsFile.write``) of the embedded model (SmolLM2-135M-Instruct) in ``--dtype``, to
-   /dev/shm (or the fallback folder ``choose_weights_root`` picks);
+1. the write alone (``WeightsFile.write``) of the embedded model (SmolLM2-135M-Instruct) in ``--dtype`` (``auto``:
+   the engine's, bf16 where the CPU computes it natively), to /dev/shm (or the folder ``choose_weights_root``
+   picks);
 2. the full sync (the write plus the vLLM engine's ``reload_weights``) with a real engine, when vLLM is installed
    (skipped with ``--write-only``).
 
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import bind_engine_cores, fmt, median, ratio, set_threads
 
 from tepo.models import embedded_model_dir, load_model_and_tokenizer
+from tepo.rollout.vllm_launch import engine_dtype
 from tepo.rollout.weight_sync import WeightsFile, choose_weights_root, weights_bytes
 
 
@@ -103,14 +105,16 @@ def measure_full_sync(model, tokenizer, dtype: torch.dtype, rounds: int, threads
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    parser.add_argument(
+        "--dtype", choices=("auto", "bfloat16", "float32"), default="auto", help="auto: the engine's (tepo.precision)"
+    )
     parser.add_argument("--threads", type=int, default=len(__import__("os").sched_getaffinity(0)))
     parser.add_argument("--write-only", action="store_true", help="skip the full sync with a vLLM engine")
     args = parser.parse_args(argv)
     set_threads(args.threads)
     model, tokenizer = load_model_and_tokenizer(str(embedded_model_dir()))
-    dtype = getattr(torch, args.dtype)
-    print(f"threads {args.threads}, dtype {args.dtype}, {args.rounds} rounds")
+    dtype = getattr(torch, engine_dtype(args.dtype, model))
+    print(f"threads {args.threads}, dtype {str(dtype).removeprefix('torch.')}, {args.rounds} rounds")
     measure_write(model, dtype, args.rounds)
     if not args.write_only:
         measure_full_sync(model, tokenizer, dtype, args.rounds, args.threads)
