@@ -178,7 +178,7 @@ def run_in_vllm(python: str, argv: list[str], cores: str, cache: str | None = No
     return json.loads(line[7:])
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -193,46 +193,31 @@ def main(argv=None) -> None:
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--dtype", default=None, help=argparse.SUPPRESS)  # chosen by main() (tepo.precision)
     parser.add_argument("--prompts", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.floor or args.candidate:
-        print("RESULT " + json.dumps(floor_worker(args) if args.floor else engine_worker(args)), flush=True)
-        return
+    return parser
 
+
+def worker_arguments(new_tokens: int) -> tuple[list[str], str]:
+    """The arguments every worker gets (model, dtype, prompts, tokens), and the engine's dtype."""
     from tepo.models import resolve_model_path
     from tepo.precision import native_bf16
-    from tepo.rollout.vllm_launch import find_vllm_python
 
-    python, model = find_vllm_python(), resolve_model_path(None)
+    model = resolve_model_path(None)
     dtype = "bfloat16" if native_bf16("cpu").native else "float32"
-    cores = args.cores or ",".join(map(str, sorted(os.sched_getaffinity(0))))
-    names = [c.strip() for c in args.candidates.split(",") if c.strip()]
-    unknown = set(names) - set(CANDIDATES)
-    if unknown:
-        parser.error(f"unknown candidates {sorted(unknown)}; choose from {list(CANDIDATES)}")
-    common = [
-        "--model",
-        model,
-        "--dtype",
-        dtype,
-        "--prompts",
-        json.dumps(prompt_ids(model)),
-        "--new-tokens",
-        str(args.new_tokens),
-    ]
-    print(
-        f"engine dtype {dtype}, cores {cores}, {args.new_tokens} tokens per response, load {os.getloadavg()[0]:.2f}",
-        flush=True,
-    )
+    common = ["--model", model, "--dtype", dtype, "--prompts", json.dumps(prompt_ids(model))]
+    return [*common, "--new-tokens", str(new_tokens)], dtype
+
+
+def run_candidates(python: str, names: list[str], common: list[str], cores: str, rounds: int):
+    """Each candidate once per round in a fresh engine process (the order reversed every other round), and the
+    matmul floor once per round; returns {candidate: [result per round]} and the floors."""
     results: dict[str, list[dict]] = {n: [] for n in names}
     floors = []
     caches = tempfile.TemporaryDirectory(prefix="bench-generation-cache-")
     warm_cache = os.path.join(caches.name, "warm")
-    for name in [
-        n for n in names if n.endswith("compiled_warm")
-    ]:  # fill the warm cache, untimed (each engine
-        # configuration: vLLM keys its compile cache by a hash of the engine's settings)
+    # Fill the warm cache, untimed (per engine configuration: vLLM keys its compile cache by the engine's settings).
+    for name in [n for n in names if n.endswith("compiled_warm")]:
         run_in_vllm(python, ["--candidate", name, *common, "--new-tokens", "8"], cores, warm_cache)
-    for round_index in range(args.rounds):
+    for round_index in range(rounds):
         floors.append(run_in_vllm(python, ["--floor", *common], cores)["floor_ms"])
         for name in names if round_index % 2 == 0 else names[::-1]:
             cache = {
@@ -242,25 +227,57 @@ def main(argv=None) -> None:
             }
             result = run_in_vllm(python, ["--candidate", name, *common], cores, cache.get(name))
             results[name].append(result)
-            print(
-                f"round {round_index + 1} {name:>12}: {json.dumps({k: round(v, 1) for k, v in result.items()})} load {os.getloadavg()[0]:.2f}",
-                flush=True,
-            )
+            shown = json.dumps({k: round(v, 1) for k, v in result.items()})
+            print(f"round {round_index + 1} {name:>12}: {shown} load {os.getloadavg()[0]:.2f}", flush=True)
+    return results, floors
+
+
+def print_table(results: dict[str, list[dict]], floors: list[float]) -> None:
+    """Medians per candidate, against ``today`` (or the first candidate when today was not run) and the floor."""
+    names = list(results)
     floor = statistics.median(floors)
     base_runs = results.get("today", results[names[0]])
     base = statistics.median(r["decode_ms"] for r in base_runs)
     base_rate = statistics.median(r["tokens_per_s"] for r in base_runs)
     print(f"\nfloor: {floor:.1f} ms of matmuls per decode step at 32 rows (oneDNN, prepacked bf16 weights)")
     print(
-        "| candidate | rows | start-up s | prefill ms | decode ms/step | tokens/s | tokens/s vs today | decode vs today | ms/step per 32 rows / floor |"
+        "| candidate | rows | start-up s | prefill ms | decode ms/step | tokens/s | tokens/s vs today "
+        "| decode vs today | ms/step per 32 rows / floor |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, runs in results.items():
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         per32 = med["decode_ms"] * 32 / med["rows"]
         print(
-            f"| {name} | {med['rows']:.0f} | {med['startup_s']:.1f} | {med['prefill_ms']:.0f} | {med['decode_ms']:.1f} | {med['tokens_per_s']:.0f} | {med['tokens_per_s'] / base_rate:.2f}x | {base / med['decode_ms']:.2f}x | {per32 / floor:.2f} |"
+            f"| {name} | {med['rows']:.0f} | {med['startup_s']:.1f} | {med['prefill_ms']:.0f} "
+            f"| {med['decode_ms']:.1f} | {med['tokens_per_s']:.0f} | {med['tokens_per_s'] / base_rate:.2f}x "
+            f"| {base / med['decode_ms']:.2f}x | {per32 / floor:.2f} |"
         )
+
+
+def main(argv=None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.floor or args.candidate:
+        print("RESULT " + json.dumps(floor_worker(args) if args.floor else engine_worker(args)), flush=True)
+        return
+
+    from tepo.rollout.vllm_launch import find_vllm_python
+
+    names = [c.strip() for c in args.candidates.split(",") if c.strip()]
+    unknown = set(names) - set(CANDIDATES)
+    if unknown:
+        parser.error(f"unknown candidates {sorted(unknown)}; choose from {list(CANDIDATES)}")
+    python = find_vllm_python()
+    common, dtype = worker_arguments(args.new_tokens)
+    cores = args.cores or ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    load = os.getloadavg()[0]
+    print(
+        f"engine dtype {dtype}, cores {cores}, {args.new_tokens} tokens per response, load {load:.2f}",
+        flush=True,
+    )
+    results, floors = run_candidates(python, names, common, cores, args.rounds)
+    print_table(results, floors)
 
 
 if __name__ == "__main__":

@@ -151,7 +151,7 @@ def table(results: dict, picks: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -163,13 +163,65 @@ def main(argv=None) -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--skip-vllm", action="store_true", help="HF passes only")
     parser.add_argument("--out", help="folder for <cpu-kind>.md and <cpu-kind>.json")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run_parts(args) -> dict:
+    """Forward+backward, HF generate and (where installed and not skipped) vLLM generate, float32 against bf16."""
+    from tepo.config import RolloutConfig
+    from tepo.rollout.registry import rollout_backend_class
+
+    results = {}
+    print(f"forward+backward, {args.rows} x {args.tokens} tokens ...", flush=True)
+    results["forward_backward"] = bench_forward_backward(args.rows, args.tokens, args.rounds)
+    rates = results["forward_backward"]
+    print(f"  float32 {rates['float32']:.0f} tok/s, bf16 {rates['bf16']:.0f} tok/s", flush=True)
+    workload = (args.prompts, args.samples, args.new_tokens, args.rounds)
+    print(f"HF generate, {args.prompts} x {args.samples} x {args.new_tokens} tokens ...", flush=True)
+    results["hf_generate"] = bench_hf_generate(*workload)
+    rates = results["hf_generate"]
+    print(f"  float32 {rates['float32']:.0f} tok/s, bf16 {rates['bf16']:.0f} tok/s", flush=True)
+    vllm_ok, why = rollout_backend_class("vllm").availability(RolloutConfig())
+    if args.skip_vllm or not vllm_ok:
+        print(f"vLLM: skipped ({'--skip-vllm' if args.skip_vllm else why})", flush=True)
+    else:
+        print("vLLM generate (an engine per precision and round) ...", flush=True)
+        results["vllm_generate"] = bench_vllm_generate(*workload)
+    return results
+
+
+def write_report(
+    out: Path, args, command: str, machine: dict, precision, picks: dict, results: dict, text: str
+):
+    """``<cpu-kind>.md`` (the table with how it was made) and ``<cpu-kind>.json`` (everything) in ``out``."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    kind = cpu_kind(machine)
+    (out / f"{kind}.md").write_text(
+        f"# float32 vs bf16 on {machine['cpu_model']} ({kind})\n\n"
+        f"Made by `{command.strip()}` on {time.strftime('%Y-%m-%d')}: 2 cores shared with other jobs "
+        f"(load average at end {load_average()[0]:.1f}); medians of {args.rounds} alternating rounds.\n\n"
+        f"CPU flags that matter: {' '.join(machine['cpu_flags'])}. torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads.\n\n"
+        f"`auto` here: {precision.banner()}\n\n{text}\n\n"
+        f"Workloads: forward+backward {args.rows} x {args.tokens} tokens of the embedded model (activation "
+        f"checkpointing, as the trainer); generation {args.prompts} prompts x {args.samples} samples x up to "
+        f"{args.new_tokens} new tokens, temperature 1.\n"
+    )
+    (out / f"{kind}.json").write_text(
+        json.dumps({"machine": machine, "picks": picks, "results": results, "args": vars(args)}, indent=2)
+        + "\n"
+    )
+    print(f"wrote {out / (kind + '.md')} and .json")
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
 
     import torch
 
-    from tepo.config import RolloutConfig
     from tepo.precision import resolve_precision
-    from tepo.rollout.registry import rollout_backend_class
 
     machine = machine_precision("cpu")
     precision, _ = resolve_precision("auto", "auto", "auto", "cpu")
@@ -179,59 +231,20 @@ def main(argv=None) -> None:
         "rollout.vllm.dtype": precision.vllm_dtype,
     }
     print(precision_line(machine), flush=True)
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads; load average {load_average()}",
-        flush=True,
-    )
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} threads; load average {load_average()}", flush=True)
     started = time.perf_counter()
-    results = {}
-    print(f"forward+backward, {args.rows} x {args.tokens} tokens ...", flush=True)
-    results["forward_backward"] = bench_forward_backward(args.rows, args.tokens, args.rounds)
-    print(
-        f"  float32 {results['forward_backward']['float32']:.0f} tok/s, bf16 {results['forward_backward']['bf16']:.0f} tok/s",
-        flush=True,
-    )
-    workload = (args.prompts, args.samples, args.new_tokens, args.rounds)
-    print(f"HF generate, {args.prompts} x {args.samples} x {args.new_tokens} tokens ...", flush=True)
-    results["hf_generate"] = bench_hf_generate(*workload)
-    print(
-        f"  float32 {results['hf_generate']['float32']:.0f} tok/s, bf16 {results['hf_generate']['bf16']:.0f} tok/s",
-        flush=True,
-    )
-    vllm_ok, why = rollout_backend_class("vllm").availability(RolloutConfig())
-    if args.skip_vllm or not vllm_ok:
-        print(f"vLLM: skipped ({'--skip-vllm' if args.skip_vllm else why})", flush=True)
-    else:
-        print("vLLM generate (an engine per precision and round) ...", flush=True)
-        results["vllm_generate"] = bench_vllm_generate(*workload)
+    results = run_parts(args)
     seconds = time.perf_counter() - started
     text = table(results, picks)
     print()
     print(text)
     print(f"\n{seconds:.0f} s; load average at end {load_average()}")
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        kind = cpu_kind(machine)
         command = "python benchmarks/bench_precision.py " + " ".join(
             argv if argv is not None else sys.argv[1:]
         )
-        (out / f"{kind}.md").write_text(
-            f"# float32 vs bf16 on {machine['cpu_model']} ({kind})\n\n"
-            f"Made by `{command.strip()}` on {time.strftime('%Y-%m-%d')}: 2 cores shared with other jobs "
-            f"(load average at end {load_average()[0]:.1f}); medians of {args.rounds} alternating rounds.\n\n"
-            f"CPU flags that matter: {' '.join(machine['cpu_flags'])}. torch {torch.__version__}, "
-            f"{torch.get_num_threads()} threads.\n\n"
-            f"`auto` here: {precision.banner()}\n\n{text}\n\n"
-            f"Workloads: forward+backward {args.rows} x {args.tokens} tokens of the embedded model (activation "
-            f"checkpointing, as the trainer); generation {args.prompts} prompts x {args.samples} samples x up to "
-            f"{args.new_tokens} new tokens, temperature 1.\n"
-        )
-        (out / f"{kind}.json").write_text(
-            json.dumps({"machine": machine, "picks": picks, "results": results, "args": vars(args)}, indent=2)
-            + "\n"
-        )
-        print(f"wrote {out / (kind + '.md')} and .json")
+        write_report(Path(args.out), args, command, machine, precision, picks, results, text)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def matmul_rate(tokens: int, dtype_name: str, threads: int) -> float:
     return sum(2 * tokens * k * n for k, n in shapes) / seconds
 
 
-def main(argv=None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -82,27 +82,28 @@ def main(argv=None) -> None:
     parser.add_argument("--micro", type=int, default=16, help="train.micro_batch_size")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args(argv)
+    return parser
 
+
+def build_sides(args, autocast: bool):
+    """The three timed sides on one synthetic batch (tepo's update with and without activation checkpointing, and
+    the plainest forward + backward), the batch, and the floor's model."""
     import torch
 
     from tepo.config import load_config
     from tepo.models import load_model_and_tokenizer
-    from tepo.precision import native_bf16
     from tepo.training.logprob_pass import LogprobSettings
     from tepo.training.plan import UpdatePlan, UpdateSettings
     from tepo.training.setup import enable_activation_checkpointing
     from tepo.training.update import RowTensors, update_policy
 
-    torch.set_num_threads(args.threads)
     config = load_config("default", [])
-    autocast = native_bf16("cpu").native  # what model.autocast_bf16=auto picks here
     model, tokenizer = load_model_and_tokenizer(None)
     plain, _ = load_model_and_tokenizer(None)  # the floor's model: no checkpointing
     unchecked, _ = load_model_and_tokenizer(None)  # update_no_ckpt's
     enable_activation_checkpointing(model)
     model.train(), plain.train(), unchecked.train()
-    prompt, response = synthetic_lengths(args.rows, args.max_new, args.mean_len, 0)
+    _, response = synthetic_lengths(args.rows, args.max_new, args.mean_len, 0)
     # Chat-templated arithmetic prompts are 50-56 tokens; one length per group.
     prompt = [52 + (i // args.group) % 5 for i in range(args.rows)]
     batch = build_batch(prompt, response, args.group, len(tokenizer))
@@ -128,16 +129,24 @@ def main(argv=None) -> None:
     def floor() -> None:
         floor_pass(plain, batch, args.micro, autocast)
 
-    sides = {"update": updater(model), "update_no_ckpt": updater(unchecked), "floor": floor}
+    return {"update": updater(model), "update_no_ckpt": updater(unchecked), "floor": floor}, batch, plain
+
+
+def time_sides(sides: dict, rounds: int) -> dict[str, list[float]]:
+    """Seconds of each side per round, after one warm-up call each; the order is reversed every other round."""
     for fn in sides.values():
         fn()  # warm-up: allocator, oneDNN kernels, autocast caches
     seconds: dict[str, list[float]] = {name: [] for name in sides}
-    for round_index in range(args.rounds):
+    for round_index in range(rounds):
         for name in sides if round_index % 2 == 0 else list(sides)[::-1]:
             start = time.perf_counter()
             sides[name]()
             seconds[name].append(time.perf_counter() - start)
             print(f"round {round_index + 1} {name}: {seconds[name][-1]:.2f} s", flush=True)
+    return seconds
+
+
+def print_report(args, seconds: dict[str, list[float]], batch, plain, autocast: bool) -> None:
     params = sum(p.numel() for p in plain.parameters())
     computed = batch.input_ids.shape[0] * batch.input_ids.shape[1]
     real = int(batch.attention_mask.sum())
@@ -163,6 +172,20 @@ def main(argv=None) -> None:
             f"| {name} | {median:.2f} | {6 * params * real / median / 1e9:.0f} | {median / floor_s:.2f} "
             f"| {median / bound:.2f} |"
         )
+
+
+def main(argv=None) -> None:
+    args = build_parser().parse_args(argv)
+
+    import torch
+
+    from tepo.precision import native_bf16
+
+    torch.set_num_threads(args.threads)
+    autocast = native_bf16("cpu").native  # what model.autocast_bf16=auto picks here
+    sides, batch, plain = build_sides(args, autocast)
+    seconds = time_sides(sides, args.rounds)
+    print_report(args, seconds, batch, plain, autocast)
 
 
 if __name__ == "__main__":
