@@ -37,8 +37,7 @@ from tepo.rollout.weight_sync import WeightsFile, choose_weights_root, weights_b
 
 def write_new_file(weights: WeightsFile, model) -> float:
     """The way before: no file kept between syncs, so every write creates and fills a new one."""
-    weights.release()
-    weights.path.unlink(missing_ok=True)
+    weights.delete()
     start = time.perf_counter()
     weights.write(model)
     return time.perf_counter() - start
@@ -92,8 +91,7 @@ def measure_full_sync(model, tokenizer, dtype: torch.dtype, rounds: int, threads
 
         def sync(fresh: bool) -> float:
             if fresh:
-                weights.release()
-                weights.path.unlink(missing_ok=True)
+                weights.delete()
             engine.sync_weights(force=True)
             return engine.last_sync_seconds
 

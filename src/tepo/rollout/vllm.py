@@ -75,8 +75,9 @@ class VLLMRollout:
     of its memory (vLLM's own setting; not passed on the CPU). ``compile_cpu``: on the CPU, run vLLM's compiled
     model instead of eager (``rollout.vllm.compile``; its cache in :func:`compile_cache_dir`). ``block_size``:
     tokens per KV-cache block (``rollout.vllm.block_size``; None: :func:`engine_memory_options` decides).
-    ``keep_weights_file``: keep the weight-sync file for the run, overwritten in place (``rollout.vllm.
-    keep_weights_file``; :class:`tepo.rollout.vllm_weights.EngineWeights`). Call :meth:`close` (or use ``with``) to stop the server; it is also stopped at interpreter exit.
+    ``keep_weights_file``: keep the weight-sync file for the run, overwritten in place
+    (``rollout.vllm.keep_weights_file``; :class:`tepo.rollout.vllm_weights.EngineWeights`).
+    Call :meth:`close` (or use ``with``) to stop the server; it is also stopped at interpreter exit.
     """
 
     def __init__(

@@ -88,8 +88,7 @@ class EngineWeights:
         # Without keep_file the engine has copied the weights into its own tensors and the file (RAM, in /dev/shm)
         # is deleted until the next sync writes it again. The config files stay: vLLM's reload reads them.
         if not self.keep_file:
-            self.file.release()
-            self.file.path.unlink(missing_ok=True)
+            self.file.delete()
 
     def release(self) -> None:
         """Unmap the weights file (the folder itself goes with the server: tepo.rollout.vllm_pipe)."""

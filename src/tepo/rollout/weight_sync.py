@@ -163,6 +163,11 @@ class WeightsFile:
             with contextlib.suppress(BufferError):
                 mapping.close()
 
+    def delete(self) -> None:
+        """Unmap and delete the file (its RAM, in /dev/shm, goes back); the next :meth:`write` creates it anew."""
+        self.release()
+        self.path.unlink(missing_ok=True)
+
 
 def write_config_once(model, folder: Path) -> None:
     """The engine's ``config.json`` (with ``tie_word_embeddings: false``, as :class:`WeightsFile` writes the
